@@ -1,0 +1,166 @@
+"""Draft trees: the one structure every method proposes, and its flattening into one forward pass.
+
+A ``DraftTree`` is a parent-index tree in topological order. Node 0 is the root: the last committed
+token ``x`` (at position ``p``), whose KV is not cached yet. A node at depth ``d`` sits at position
+``p + d`` and attends to the cache and to its ancestors (itself included). Chains, tries, Medusa
+"choices", OPT-Tree trees and parallel candidate lists are all DraftTrees.
+
+An optional ``AuxBlock`` adds query rows to the same forward whose logits go only to the drafter
+(LADE's lookahead window, Self-Draft's drafting branches). Aux rows see the cache, the root and the
+aux rows their own mask allows; tree rows never see aux rows; aux KV is always discarded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class AuxBlock:
+    """Extra query rows in the verify forward whose logits only the drafter reads."""
+
+    tokens: torch.Tensor  # [m] long
+    pos_offsets: torch.Tensor  # [m] long, position = p + offset
+    mask: torch.Tensor  # [m, m] bool, row i may attend aux row j (diagonal must be True)
+
+    def __post_init__(self) -> None:
+        m = self.tokens.numel()
+        if self.pos_offsets.shape != (m,) or self.mask.shape != (m, m):
+            raise ValueError(f"AuxBlock shapes disagree: tokens {m}, offsets "
+                             f"{tuple(self.pos_offsets.shape)}, mask {tuple(self.mask.shape)}")
+
+    def __len__(self) -> int:
+        return self.tokens.numel()
+
+
+@dataclass
+class DraftTree:
+    """Parent-index token tree rooted at the last committed token (node 0)."""
+
+    tokens: list[int]
+    parents: list[int]  # parents[0] == -1; parents[i] < i (topological order)
+    draft_probs: torch.Tensor | None = None  # [num_nodes, vocab] q(.|node), for stochastic drafts
+    aux: AuxBlock | None = None
+    depths: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        if len(self.tokens) != len(self.parents) or not self.tokens:
+            raise ValueError("a DraftTree needs one parent per token and at least the root")
+        if self.parents[0] != -1:
+            raise ValueError("node 0 must be the root (parent -1)")
+        depths = [0]
+        for i, parent in enumerate(self.parents[1:], start=1):
+            if not 0 <= parent < i:
+                raise ValueError(f"node {i} has parent {parent}: parents must precede children")
+            depths.append(depths[parent] + 1)
+        self.depths = depths
+
+    @classmethod
+    def root_only(cls, root: int) -> "DraftTree":
+        """The empty draft: verify just the root (one autoregressive step)."""
+        return cls([root], [-1])
+
+    @classmethod
+    def chain(cls, root: int, draft: list[int]) -> "DraftTree":
+        """A single candidate continuation ``root -> draft[0] -> draft[1] ...``."""
+        return cls([root, *draft], list(range(-1, len(draft))))
+
+    @classmethod
+    def from_paths(cls, root: int, paths: list[list[int]]) -> "DraftTree":
+        """Merge candidate continuations into a trie (shared prefixes become shared nodes)."""
+        tokens, parents = [root], [-1]
+        children: dict[tuple[int, int], int] = {}
+        for path in paths:
+            node = 0
+            for token in path:
+                key = (node, token)
+                if key not in children:
+                    children[key] = len(tokens)
+                    tokens.append(token)
+                    parents.append(node)
+                node = children[key]
+        return cls(tokens, parents)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def num_drafted(self) -> int:
+        """Drafted nodes verified this step (the root is the committed token, not a draft)."""
+        return len(self.tokens) - 1
+
+    @property
+    def is_chain(self) -> bool:
+        """True when every node's parent is the node before it (a causal mask suffices)."""
+        return all(parent == i - 1 for i, parent in enumerate(self.parents))
+
+    def children(self) -> list[list[int]]:
+        """Child lists per node, in node order."""
+        kids: list[list[int]] = [[] for _ in self.tokens]
+        for i, parent in enumerate(self.parents[1:], start=1):
+            kids[parent].append(i)
+        return kids
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root to ``node`` inclusive."""
+        path = []
+        while node != -1:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]
+
+    def pruned(self, max_depth: int) -> "DraftTree":
+        """The subtree of nodes at depth <= max_depth (keeps order and aux; drops draft_probs rows)."""
+        keep = [i for i, d in enumerate(self.depths) if d <= max_depth]
+        if len(keep) == len(self.tokens):
+            return self
+        new_index = {old: new for new, old in enumerate(keep)}
+        parents = [new_index[self.parents[i]] if i else -1 for i in keep]
+        probs = self.draft_probs[keep] if self.draft_probs is not None else None
+        return DraftTree([self.tokens[i] for i in keep], parents, probs, self.aux)
+
+
+@dataclass
+class FlatPass:
+    """Inputs of one verify forward: tree rows first, then aux rows."""
+
+    input_ids: torch.Tensor  # [1, q] long
+    position_ids: torch.Tensor  # [1, q] long
+    attention_mask: torch.Tensor | None  # [1, 1, q, past + q] additive float, None = plain causal
+
+
+def ancestor_mask(parents: list[int]) -> torch.Tensor:
+    """[n, n] bool: entry (i, j) is True when node j is node i or one of its ancestors."""
+    n = len(parents)
+    mask = torch.eye(n, dtype=torch.bool)
+    for i in range(1, n):
+        mask[i] |= mask[parents[i]]
+    return mask
+
+
+def flatten(tree: DraftTree, past_len: int, dtype: torch.dtype, device: torch.device) -> FlatPass:
+    """Lay a tree (+ aux block) out as one forward: tokens, positions and the 4-D additive mask.
+
+    NOTE: chains without aux rows get no mask at all, so the attention kernel takes its causal
+    fast path (this is what makes AR and SpeDe steps cost what HF ``generate`` steps cost).
+    """
+    n = len(tree)
+    tokens = torch.tensor(tree.tokens, dtype=torch.long)  # [n]
+    positions = past_len + torch.tensor(tree.depths, dtype=torch.long)  # [n]
+    aux = tree.aux
+    if aux is None and tree.is_chain:
+        return FlatPass(tokens[None].to(device), positions[None].to(device), None)
+    m = len(aux) if aux is not None else 0
+    allowed = torch.zeros(n + m, n + m, dtype=torch.bool)  # [q, q] over the new rows
+    allowed[:n, :n] = ancestor_mask(tree.parents)
+    if aux is not None:
+        tokens = torch.cat([tokens, aux.tokens.cpu()])
+        positions = torch.cat([positions, past_len + aux.pos_offsets.cpu()])
+        allowed[n:, 0] = True  # every aux row sees the root
+        allowed[n:, n:] = aux.mask.cpu()
+    new_block = torch.zeros(n + m, n + m, dtype=dtype)
+    new_block.masked_fill_(~allowed, torch.finfo(dtype).min)
+    mask = torch.cat([torch.zeros(n + m, past_len, dtype=dtype), new_block], dim=1)  # [q, past+q]
+    return FlatPass(tokens[None].to(device), positions[None].to(device), mask[None, None].to(device))

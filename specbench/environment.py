@@ -1,0 +1,63 @@
+"""Environment capture: recorded beside every number so results say where they were measured."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def cpu_name() -> str:
+    """CPU model string (from /proc/cpuinfo on Linux)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def git_state() -> dict:
+    """Commit and dirty flag of the specbench checkout (null outside a git checkout)."""
+    def git(*args: str) -> str | None:
+        try:
+            return subprocess.run(["git", *args], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                                  timeout=10, check=True).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"git_commit": commit, "git_dirty": None if commit is None else bool(status)}
+
+
+def device_name(device: torch.device) -> str:
+    """Human-readable accelerator name, or 'cpu: <model>'."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu: {cpu_name()}"
+
+
+def capture(device: torch.device, dtype: torch.dtype) -> dict:
+    """Everything a reader needs to judge a timing: hardware, threads, library versions, code state."""
+    import transformers
+
+    return {
+        "device": str(device),
+        "device_name": device_name(device),
+        "cpu": cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "dtype": str(dtype).removeprefix("torch."),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformers": transformers.__version__,
+        **git_state(),
+    }

@@ -1,0 +1,45 @@
+"""Aggregate metrics over samples.jsonl records, in the vocabulary of DESIGN.md section 3.
+
+Conventions (papers differ; see ALGORITHMS.md 0.3):
+- tokens_per_step (= DE = MAL = acceleration rate = EDL) counts the tokens emitted by verify steps
+  divided by those steps. The prefill emits the first token and is not a step, so AR reads exactly
+  1.0. ``tokens_per_forward`` is the LADE / Self-Draft convention: all generated tokens divided by
+  all target forwards, prefill included.
+- Speedup is never computed here: the report joins a run with its matching AR run.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den else None
+
+
+def aggregate(records: Iterable[dict]) -> dict:
+    """Throughput (total/total and mean per sample), tokens/step, acceptance, latency per step."""
+    records = list(records)
+    new = sum(r["new_tokens"] for r in records)
+    wall = sum(r["wall_s"] for r in records)
+    steps = sum(r["target_forwards"] for r in records)
+    step_tokens = sum(r["new_tokens"] - 1 for r in records if r["new_tokens"] > 0)
+    drafted = sum(sum(r["draft_tokens"]) for r in records if r.get("draft_tokens") is not None)
+    stepped = [r for r in records if r.get("step_s") is not None]
+    per_sample = [r["new_tokens"] / r["wall_s"] for r in records if r["wall_s"] > 0]
+    tokens_per_step = _ratio(step_tokens, steps)
+    return {
+        "n_records": len(records),
+        "new_tokens": new,
+        "wall_s": wall,
+        "prefill_s": sum(r["prefill_s"] for r in records),
+        "target_forwards": steps,
+        "throughput_total": _ratio(new, wall),
+        "throughput_mean": _ratio(sum(per_sample), len(per_sample)),
+        "tokens_per_step": tokens_per_step,
+        "tokens_per_forward": _ratio(new, steps + len(records)),
+        "accepted_per_step": None if tokens_per_step is None else tokens_per_step - 1,
+        "draft_efficiency": _ratio(step_tokens - steps, drafted) if drafted else None,
+        "step_latency_s": _ratio(sum(sum(r["step_s"]) for r in stepped),
+                                 sum(r["target_forwards"] for r in stepped)),
+    }

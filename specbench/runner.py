@@ -1,0 +1,219 @@
+"""The runner: config -> model, engine, samples -> warm-up -> timed generations -> results on disk."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import hydra
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from specbench import environment
+from specbench.core.acceptance import Sampling
+from specbench.core.loop import Generation, synchronize
+from specbench.data.base import Dataset, Sample
+from specbench.data.prompts import conversation, render, resolve_format
+from specbench.engines import build_engine
+from specbench.errors import ConfigError
+from specbench.metrics import aggregate
+from specbench.models.loading import LoadedModel, load_model, resolve_device, resolve_dtype
+from specbench.schema import SCHEMA_VERSION, SUMMARY_VERSION
+from specbench.store import RunStore
+
+RUN_ONLY_KEYS = ("limit", "warmup", "output_dir", "data_dir", "force", "progress")
+"""Top-level keys that do not change what a sample's result is (excluded from the config digest)."""
+
+
+def validate(cfg: DictConfig) -> None:
+    """Reject impossible run knobs before anything is loaded."""
+    problems = []
+    if cfg.max_new_tokens is None or cfg.max_new_tokens < 1:
+        problems.append(f"max_new_tokens must be >= 1 (got {cfg.max_new_tokens})")
+    if cfg.limit is not None and cfg.limit < 1:
+        problems.append(f"limit must be >= 1 or null for all samples (got {cfg.limit})")
+    if cfg.warmup < 0:
+        problems.append(f"warmup must be >= 0 (got {cfg.warmup})")
+    if cfg.temperature < 0:
+        problems.append(f"temperature must be >= 0 (got {cfg.temperature})")
+    if not 0 < cfg.top_p <= 1:
+        problems.append(f"top_p must be in (0, 1] (got {cfg.top_p})")
+    if problems:
+        raise ConfigError("invalid run settings: " + "; ".join(problems))
+
+
+def config_digest(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> str:
+    """sha256 over everything that determines a sample's result (resolved device and dtype included)."""
+    identity = OmegaConf.to_container(cfg, resolve=True)
+    for key in RUN_ONLY_KEYS:
+        identity.pop(key, None)
+    identity.update(device=device.type, dtype=str(dtype))
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def sample_generator(seed: int, sample_id: str) -> torch.Generator:
+    """A per-sample RNG, independent of run order, so resumed runs draw the same numbers."""
+    digest = hashlib.sha256(f"{seed}:{sample_id}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
+
+
+def check_fits(sample: Sample, prompt_ids: list[int], max_new_tokens: int, context_length: int) -> None:
+    """Refuse prompts that are empty or leave no room for max_new_tokens in the model's context."""
+    if not prompt_ids:
+        raise ConfigError(f"sample {sample.sample_id}: the rendered prompt is empty (0 tokens)")
+    if len(prompt_ids) + max_new_tokens > context_length:
+        raise ConfigError(
+            f"sample {sample.sample_id}: prompt ({len(prompt_ids)} tokens) + max_new_tokens "
+            f"({max_new_tokens}) exceeds the model's context length ({context_length}); lower "
+            f"max_new_tokens or set model.context_length if the model supports more")
+
+
+class Runner:
+    """Runs one configured benchmark into its output directory, resuming where it stopped."""
+
+    def __init__(self, cfg: DictConfig):
+        validate(cfg)
+        self.cfg = cfg
+        self.device = resolve_device(cfg.device)
+        self.dtype = resolve_dtype(cfg.dtype, self.device)
+        self.sampling = Sampling(cfg.temperature, cfg.top_p)
+        self.store = RunStore(Path(cfg.output_dir), config_digest(cfg, self.device, self.dtype), cfg.force)
+        self.run_id = f"{Path(cfg.output_dir).name}@{datetime.now(timezone.utc):%Y%m%dT%H%M%S}"
+        self.started_at = (self.store.previous_summary or {}).get("started_at") or self._now()
+        self.dataset: Dataset = hydra.utils.instantiate(cfg.dataset, data_dir=cfg.data_dir)
+        self.samples = self.dataset.samples(cfg.limit)
+        self.environment = environment.capture(self.device, self.dtype)
+        self.lm: LoadedModel | None = None
+        self.engine = None
+
+    @staticmethod
+    def _now() -> str:
+        return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+    def run(self) -> Path:
+        """Generate every pending sample, writing records and the summary after each one."""
+        pending = [s for s in self.samples if s.sample_id not in self.store.finished_ids]
+        self.store.write_config(OmegaConf.to_yaml(self.cfg, resolve=True))
+        if len(pending) < len(self.samples):
+            print(f"[specbench] resuming {self.store.dir}: {len(self.samples) - len(pending)} "
+                  f"sample(s) already done, {len(pending)} to go")
+        self.lm = load_model(self.cfg.model, self.device, self.dtype)
+        self.engine = build_engine(self.cfg.method, self.lm, self.sampling)
+        status = "complete"
+        try:
+            if pending:
+                self._warm_up(pending[0])
+            self._run_samples(pending)
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
+        finally:
+            self.store.write_summary(self.summary(status))
+        return self.store.dir
+
+    def _warm_up(self, sample: Sample) -> None:
+        """Untimed generations on the first pending sample (kernels, allocator, caches)."""
+        prompt_ids = self._prompt(sample, [])
+        for _ in range(self.cfg.warmup):
+            with torch.inference_mode():
+                self.engine.generate(prompt_ids, self.cfg.max_new_tokens,
+                                     sample_generator(self.cfg.seed, sample.sample_id))
+
+    def _run_samples(self, pending: list[Sample]) -> None:
+        """Time each pending sample, append its records, refresh the summary; tqdm shows tokens/s."""
+        bar = tqdm(pending, desc=f"{self.cfg.method.name} on {self.dataset.name}", unit="sample",
+                   disable=not self.cfg.progress, file=sys.stderr)
+        tokens = seconds = 0.0
+        for sample in bar:
+            records = self._run_sample(sample)
+            self.store.append(records)
+            self.store.write_summary(self.summary("running"))
+            tokens += sum(r["new_tokens"] for r in records)
+            seconds += sum(r["wall_s"] for r in records)
+            bar.set_postfix(tok_s=f"{tokens / seconds:.1f}" if seconds else "-")
+
+    def _prompt(self, sample: Sample, answers: list[str]) -> list[int]:
+        """Prompt ids for the next turn of ``sample`` given the model's earlier answers."""
+        messages = conversation(self.dataset.system_prompt, sample.turns[: len(answers) + 1], answers)
+        prompt_ids = render(self.lm.tokenizer, messages, self.dataset.prompt_format)
+        check_fits(sample, prompt_ids, self.cfg.max_new_tokens, self.lm.context_length)
+        return prompt_ids
+
+    def _run_sample(self, sample: Sample) -> list[dict]:
+        """All turns of one sample; each later turn sees the model's own earlier answers."""
+        generator = sample_generator(self.cfg.seed, sample.sample_id)
+        answers: list[str] = []
+        records = []
+        for turn in range(len(sample.turns)):
+            prompt_ids = self._prompt(sample, answers)
+            gen, wall = self._timed_generate(prompt_ids, generator)
+            text = self.lm.tokenizer.decode(gen.output_ids, skip_special_tokens=True)
+            answers.append(text)
+            records.append(self._record(sample, turn, prompt_ids, gen, wall, text))
+        return records
+
+    def _timed_generate(self, prompt_ids: list[int], generator: torch.Generator) -> tuple[Generation, float]:
+        """One generation timed end to end with device synchronization on both sides."""
+        with torch.inference_mode():
+            synchronize(self.device)
+            start = time.perf_counter()
+            gen = self.engine.generate(prompt_ids, self.cfg.max_new_tokens, generator)
+            synchronize(self.device)
+        return gen, time.perf_counter() - start
+
+    def _record(self, sample: Sample, turn: int, prompt_ids: list[int], gen: Generation,
+                wall: float, text: str) -> dict:
+        """One samples.jsonl line (fields documented in specbench.schema)."""
+        return {
+            "schema": SCHEMA_VERSION,
+            "run_id": self.run_id,
+            "sample_id": sample.sample_id,
+            "turn": turn,
+            "n_turns": len(sample.turns),
+            "category": sample.category,
+            "prompt_tokens": len(prompt_ids),
+            "new_tokens": len(gen.output_ids),
+            "output_ids": gen.output_ids,
+            "output_text": text,
+            "wall_s": wall,
+            "prefill_s": gen.prefill_s,
+            "target_forwards": gen.target_forwards,
+            "accept_lengths": gen.accept_lengths,
+            "draft_tokens": gen.draft_tokens,
+            "step_s": None if gen.step_s is None else [round(s, 6) for s in gen.step_s],
+            "stop_reason": gen.stop_reason,
+            "drafter_stats": self.engine.stats(),
+        }
+
+    def summary(self, status: str) -> dict:
+        """summary.json content for the records on disk now (fields in specbench.schema)."""
+        cfg = self.cfg
+        method = OmegaConf.to_container(cfg.method, resolve=True)
+        return {
+            "schema": SUMMARY_VERSION,
+            "run_id": self.run_id,
+            "status": status,
+            "model": cfg.model.name,
+            "model_path": self.lm.path if self.lm else cfg.model.get("path"),
+            "method": cfg.method.name,
+            "dataset": cfg.dataset.name,
+            "dataset_source": self.dataset.resolved_source,
+            "prompt_format": resolve_format(self.lm.tokenizer, self.dataset.prompt_format) if self.lm else None,
+            "lossless": bool(cfg.method.lossless),
+            "hyperparameters": method,
+            "sampling": {"temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed},
+            "max_new_tokens": cfg.max_new_tokens,
+            "limit": cfg.limit,
+            "n_samples": len(self.store.finished_ids),
+            "warmup": cfg.warmup,
+            "started_at": self.started_at,
+            "updated_at": self._now(),
+            "metrics": aggregate(self.store.records),
+            "environment": self.environment,
+            "config_digest": self.store.digest,
+        }

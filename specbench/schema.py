@@ -1,0 +1,63 @@
+"""The results schema: the written contract between the runner, the report and the notebooks.
+
+A run directory holds:
+- ``samples.jsonl``: one JSON object per (sample, turn), appended and flushed as each sample ends;
+- ``summary.json``: run identity, aggregate metrics, environment and config digest (rewritten
+  atomically after every sample, so an interrupted run still has a valid one);
+- ``config.yaml``: the Hydra-resolved config of the run.
+
+Bump ``SCHEMA_VERSION`` whenever a field changes meaning; readers check it.
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = "specbench.samples/1"
+SUMMARY_VERSION = "specbench.summary/1"
+
+SAMPLE_FIELDS: dict[str, str] = {
+    "schema": "SCHEMA_VERSION of the writer",
+    "run_id": "id of the run that wrote the line (output directory name + start time)",
+    "sample_id": "dataset sample id (string)",
+    "turn": "turn index within the sample, 0-based",
+    "n_turns": "number of turns of the sample (a sample is complete when all are written)",
+    "category": "dataset category or null",
+    "prompt_tokens": "tokens in the rendered prompt of this turn",
+    "new_tokens": "generated tokens (EOS included when emitted)",
+    "output_ids": "generated token ids",
+    "output_text": "decoded generated text (special tokens skipped)",
+    "wall_s": "wall time of the whole generation, prefill included, device synchronized",
+    "prefill_s": "wall time of the prefill forward (it emits the first token)",
+    "target_forwards": "target forwards after the prefill (= decoding steps)",
+    "accept_lengths": "tokens emitted per step, bonus/correction included (null for hf_generate)",
+    "draft_tokens": "drafted nodes verified per step, root excluded (null for hf_generate)",
+    "step_s": "wall time per step (null for hf_generate)",
+    "stop_reason": "'eos' or 'max_new_tokens'",
+    "drafter_stats": "the drafter's stats() after this turn (pool sizes, hit rates, ...)",
+}
+
+SUMMARY_FIELDS: dict[str, str] = {
+    "schema": "SUMMARY_VERSION of the writer",
+    "run_id": "id of the latest writer",
+    "status": "'running', 'complete' or 'interrupted'",
+    "model": "model config name; model_path: Hub id / local dir / tiny spec",
+    "method": "method config name",
+    "dataset": "dataset config name",
+    "lossless": "whether the method's output distribution equals the target's",
+    "hyperparameters": "resolved method node (the drafter's knobs)",
+    "sampling": "{temperature, top_p, seed}",
+    "max_new_tokens": "generation budget per turn",
+    "limit": "requested sample limit (null = all)",
+    "n_samples": "samples finished (all turns); n_records: lines in samples.jsonl",
+    "warmup": "warm-up generations run before timing (never recorded)",
+    "started_at": "ISO time the first writer started; updated_at: time of the last write",
+    "metrics": "aggregates: see specbench.metrics.aggregate",
+    "environment": "device, CPU, library versions, dtype, git commit and dirty flag",
+    "config_digest": "sha256 of the result-determining config (see runner.config_digest)",
+}
+
+
+def validate_record(record: dict) -> None:
+    """Raise ValueError when a samples.jsonl record lacks a schema field."""
+    missing = [name for name in SAMPLE_FIELDS if name not in record]
+    if missing:
+        raise ValueError(f"record is missing schema fields: {missing}")

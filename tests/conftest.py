@@ -1,0 +1,44 @@
+"""Shared fixtures: tiny random Llama models built in code, the embedded model, the repo's conf/."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from specbench.models.loading import build_tiny_llama
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_DATA = Path(os.environ.get("SPECBENCH_DATA_DIR", ROOT.parent / "shared" / "datasets"))
+TINY_ARCH = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=128, max_position_embeddings=512)
+
+
+def tiny_model(vocab_size: int = 97, seed: int = 0, **arch) -> torch.nn.Module:
+    """A float32 tiny random Llama on CPU (seeded, so every test sees the same weights)."""
+    return build_tiny_llama(vocab_size=vocab_size, seed=seed, **{**TINY_ARCH, **arch}).float()
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    return tiny_model()
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    """The embedded SmolLM2-135M-Instruct in float32 on CPU (converted once, then cached)."""
+    from omegaconf import OmegaConf
+
+    from specbench.models.loading import load_model
+
+    cfg = OmegaConf.create({"name": "smollm2_135m", "source": "embedded"})
+    return load_model(cfg, torch.device("cpu"), torch.float32)
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not (SHARED_DATA / "humaneval.jsonl").is_file():
+        pytest.skip(f"shared datasets not found at {SHARED_DATA}")
+    return SHARED_DATA

@@ -1,0 +1,70 @@
+"""The verifier: one tree forward equals sequential decoding; compaction equals recomputation."""
+
+import random
+
+import pytest
+import torch
+
+from specbench.core.tree import AuxBlock, DraftTree
+from specbench.core.verify import cache_length, compact_cache, forward_tree, new_cache, prefill
+
+
+def sequential_logits(model, tokens: list[int]) -> torch.Tensor:
+    """Reference: logits of every position from a plain causal forward over ``tokens``."""
+    with torch.inference_mode():
+        return model(torch.tensor([tokens])).logits[0].float()  # [len, vocab]
+
+
+def random_tree(rng: random.Random, root: int, size: int, vocab: int) -> DraftTree:
+    parents = [-1] + [rng.randrange(i) for i in range(1, size)]
+    return DraftTree([root] + [rng.randrange(vocab) for _ in range(size - 1)], parents)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_tree_pass_logits_equal_sequential(tiny, seed):
+    rng = random.Random(seed)
+    vocab = tiny.config.vocab_size
+    prompt = [rng.randrange(vocab) for _ in range(rng.randrange(3, 20))]
+    tree = random_tree(rng, rng.randrange(vocab), rng.randrange(1, 24), vocab)
+    with torch.inference_mode():
+        cache = new_cache(tiny)
+        prefill(tiny, cache, torch.tensor(prompt))
+        out = forward_tree(tiny, cache, tree)
+    for node in range(len(tree)):
+        path_tokens = [tree.tokens[i] for i in tree.path_to(node)]
+        expected = sequential_logits(tiny, prompt + path_tokens)[-1]
+        torch.testing.assert_close(out.logits[node], expected, atol=1e-4, rtol=1e-4)
+
+
+def test_aux_rows_do_not_disturb_tree_rows_and_see_root(tiny):
+    vocab = tiny.config.vocab_size
+    prompt, root = [3, 9, 27, 81], 5
+    tree = DraftTree.from_paths(root, [[6, 7], [8]])
+    aux = AuxBlock(torch.tensor([11, 12, 13]), torch.tensor([1, 2, 3]), torch.tril(torch.ones(3, 3, dtype=torch.bool)))
+    with torch.inference_mode():
+        plain_cache, aux_cache = new_cache(tiny), new_cache(tiny)
+        prefill(tiny, plain_cache, torch.tensor(prompt))
+        prefill(tiny, aux_cache, torch.tensor(prompt))
+        plain = forward_tree(tiny, plain_cache, tree)
+        tree.aux = aux
+        with_aux = forward_tree(tiny, aux_cache, tree)
+    torch.testing.assert_close(with_aux.logits, plain.logits, atol=1e-5, rtol=1e-5)
+    assert with_aux.aux_logits.shape == (3, vocab)
+    expected_last = sequential_logits(tiny, prompt + [root, 11, 12, 13])[-1]  # aux chain anchored on root
+    torch.testing.assert_close(with_aux.aux_logits[-1], expected_last, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kept", [[0], [0, 1, 2, 5], [0, 3, 4], [0, 3]])  # root paths
+def test_compaction_equals_recomputation(tiny, kept):
+    prompt = [4, 8, 15, 16, 23, 42]
+    tree = DraftTree([7, 1, 2, 3, 4, 5], [-1, 0, 1, 0, 3, 2])
+    next_token = 33
+    with torch.inference_mode():
+        cache = new_cache(tiny)
+        prefill(tiny, cache, torch.tensor(prompt))
+        forward_tree(tiny, cache, tree)
+        compact_cache(cache, len(prompt), kept)
+        assert cache_length(cache) == len(prompt) + len(kept)
+        after = forward_tree(tiny, cache, DraftTree.root_only(next_token)).logits[0]
+    committed = prompt + [tree.tokens[i] for i in kept] + [next_token]
+    torch.testing.assert_close(after, sequential_logits(tiny, committed)[-1], atol=1e-4, rtol=1e-4)

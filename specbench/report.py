@@ -1,0 +1,307 @@
+"""Report v0: load result folders into pandas, join every run with its AR baseline, print tables.
+
+Everything is derived from the raw ``samples.jsonl`` records (DESIGN.md section 3): metrics are
+recomputed with ``specbench.metrics.aggregate`` instead of being read from ``summary.json``, and
+speedup and exact match are computed against the matching AR run on the (sample_id, turn) keys that
+both runs have, since runs can stop at different limits.
+
+Usage: ``python -m specbench.report RUN_DIR [RUN_DIR...] [--csv OUT.csv] [--divergences]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import pandas as pd
+
+from specbench.errors import UserError
+from specbench.metrics import aggregate
+from specbench.schema import SAMPLE_FIELDS, SCHEMA_VERSION, validate_record
+
+PathLike = str | Path
+
+AR_METHOD = "ar"
+RUN_COLUMNS = ["run_dir", "model", "method", "dataset", "temperature", "top_p", "seed",
+               "max_new_tokens", "device_name", "dtype", "lossless", "status", "n_samples"]
+# What a run must share with its AR baseline for a speedup to mean anything (DESIGN.md section 1).
+MATCH_KEYS = ["model", "dataset", "temperature", "top_p", "max_new_tokens", "device_name", "dtype"]
+SAMPLE_KEY = ["sample_id", "turn"]
+AR_SIDE = ["run_dir", "new_tokens", "wall_s", "output_ids"]
+TABLE_COLUMNS = ["run_dir", "model", "method", "dataset", "temperature", "n_samples",
+                 "throughput_total", "throughput_mean", "tokens_per_step", "accepted_per_step",
+                 "draft_efficiency", "step_latency_s", "n_common", "speedup", "speedup_mean",
+                 "exact_match_rate"]
+DIVERGENCE_COLUMNS = ["run_dir", "ar_run_dir", "method", "dataset", "sample_id", "turn",
+                      "new_tokens", "ar_new_tokens", "exact_match", "first_divergence"]
+# Short headers so a full table fits a terminal; the CSV keeps the full column names.
+DISPLAY_NAMES = {"run_dir": "run", "ar_run_dir": "ar_run", "temperature": "temp", "n_samples": "n",
+                 "throughput_total": "tok/s", "throughput_mean": "tok/s_mean",
+                 "tokens_per_step": "tok/step", "accepted_per_step": "acc/step",
+                 "draft_efficiency": "draft_eff", "step_latency_s": "step_ms",
+                 "exact_match_rate": "exact", "first_divergence": "diverges_at"}
+
+
+class ReportError(UserError):
+    """A results path the report cannot read: no runs, no samples.jsonl, or a corrupt record."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run directory as read from disk: its identity columns and its raw sample records."""
+
+    identity: dict
+    records: list[dict]
+
+
+def find_run_dirs(paths: Iterable[PathLike]) -> list[Path]:
+    """Run directories at or under the given paths, each once, so a parent folder lists its runs."""
+    found: dict[Path, Path] = {}
+    for path in map(Path, paths):
+        for run_dir in _runs_under(path):
+            found.setdefault(run_dir.resolve(), run_dir)
+    if not found:
+        raise ReportError("no run directories given")
+    return list(found.values())
+
+
+def _runs_under(path: Path) -> list[Path]:
+    """The run directories (folders holding a summary.json) at or below one path; error if none."""
+    if (path / "summary.json").is_file():
+        return [path]
+    runs = sorted(summary.parent for summary in path.rglob("summary.json"))
+    if not runs:
+        raise ReportError(f"{path}: no runs found (no summary.json at or below it)")
+    return runs
+
+
+def read_records(run_dir: Path) -> list[dict]:
+    """The sample records of a run; a malformed last line (an interrupted write) is skipped."""
+    path = run_dir / "samples.jsonl"
+    if not path.is_file():
+        raise ReportError(f"{run_dir}: no samples.jsonl")
+    lines = enumerate(path.read_text().splitlines(), 1)
+    numbered = [(n, line) for n, line in lines if line.strip()]
+    last = numbered[-1][0] if numbered else 0
+    parsed = (_parse_line(path, n, line, n == last) for n, line in numbered)
+    return [record for record in parsed if record is not None]
+
+
+def _parse_line(path: Path, number: int, line: str, is_last: bool) -> dict | None:
+    """One record; None with a warning for a broken last line, ReportError for one elsewhere."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        if not is_last:
+            raise ReportError(f"{path}:{number}: malformed record ({error})") from error
+        warnings.warn(f"{path}:{number}: skipping truncated last line (interrupted run?)",
+                      stacklevel=2)
+        return None
+    _check_record(path, number, record)
+    return record
+
+
+def _check_record(path: Path, number: int, record: dict) -> None:
+    """Raise ReportError when a record lacks schema fields or was written under another schema."""
+    try:
+        validate_record(record)
+    except ValueError as error:
+        raise ReportError(f"{path}:{number}: {error}") from error
+    if record["schema"] != SCHEMA_VERSION:
+        raise ReportError(f"{path}:{number}: schema {record['schema']!r}, "
+                          f"this report reads {SCHEMA_VERSION!r}")
+
+
+def _identity(run_dir: Path, summary: dict) -> dict:
+    """The identity columns of a run (what ran, on which data, how, on what hardware)."""
+    try:
+        sampling, environment = summary["sampling"], summary["environment"]
+        return {"run_dir": str(run_dir), "model": summary["model"], "method": summary["method"],
+                "dataset": summary["dataset"], "temperature": sampling["temperature"],
+                "top_p": sampling["top_p"], "seed": sampling["seed"],
+                "max_new_tokens": summary["max_new_tokens"],
+                "device_name": environment["device_name"], "dtype": environment["dtype"],
+                "lossless": summary["lossless"], "status": summary["status"],
+                "n_samples": summary["n_samples"]}
+    except KeyError as error:
+        raise ReportError(f"{run_dir}/summary.json: missing field {error}") from error
+
+
+def read_run(run_dir: Path) -> Run:
+    """Read one run directory: identity from summary.json, raw records from samples.jsonl."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return Run(_identity(run_dir, summary), read_records(run_dir))
+
+
+def read_runs(paths: Iterable[PathLike]) -> list[Run]:
+    """Read every run directory at or under the given paths."""
+    return [read_run(run_dir) for run_dir in find_run_dirs(paths)]
+
+
+def _runs_frame(runs: list[Run]) -> pd.DataFrame:
+    """One row per run: identity columns plus metrics recomputed from its raw records."""
+    frame = pd.DataFrame([{**run.identity, **aggregate(run.records)} for run in runs])
+    metrics = [column for column in frame.columns if column not in RUN_COLUMNS]
+    frame[metrics] = frame[metrics].apply(pd.to_numeric)  # None (no drafts, no steps) -> NaN
+    return frame
+
+
+def _samples_frame(runs: list[Run]) -> pd.DataFrame:
+    """One row per record, each carrying the identity columns of its run."""
+    rows = [{**run.identity, **record} for run in runs for record in run.records]
+    return pd.DataFrame(rows, columns=None if rows else [*RUN_COLUMNS, *SAMPLE_FIELDS])
+
+
+def load_runs(paths: Iterable[PathLike]) -> pd.DataFrame:
+    """One row per run directory: identity and metrics recomputed from samples.jsonl."""
+    return _runs_frame(read_runs(paths))
+
+
+def load_samples(paths: Iterable[PathLike]) -> pd.DataFrame:
+    """One row per samples.jsonl record, with the run_dir and identity columns of its run."""
+    return _samples_frame(read_runs(paths))
+
+
+def load(paths: Iterable[PathLike]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Both frames (runs, samples) from a single read of the run directories."""
+    runs = read_runs(paths)
+    return _runs_frame(runs), _samples_frame(runs)
+
+
+def first_divergence(output: Sequence[int], reference: Sequence[int]) -> int:
+    """Index of the first differing token: -1 if equal, the shorter length if one is a prefix."""
+    for index, (token, expected) in enumerate(zip(output, reference)):
+        if token != expected:
+            return index
+    return -1 if len(output) == len(reference) else min(len(output), len(reference))
+
+
+def _ar_partners(runs: pd.DataFrame) -> pd.Series:
+    """run_dir -> run_dir of its AR baseline: itself if AR, else same seed first, then largest."""
+    ar = runs.loc[runs["method"] == AR_METHOD, [*MATCH_KEYS, "run_dir", "seed", "n_records"]]
+    pairs = runs[["run_dir", "seed", *MATCH_KEYS]].merge(ar, on=MATCH_KEYS, suffixes=("", "_ar"))
+    preference = pd.DataFrame({"run_dir": pairs["run_dir"], "ar_run_dir": pairs["run_dir_ar"],
+                               "other_run": pairs["run_dir"] != pairs["run_dir_ar"],
+                               "other_seed": pairs["seed"] != pairs["seed_ar"],
+                               "fewer": -pairs["n_records"]})
+    best = preference.sort_values(["run_dir", "other_run", "other_seed", "fewer", "ar_run_dir"])
+    return best.drop_duplicates("run_dir").set_index("run_dir")["ar_run_dir"]
+
+
+def _paired_samples(samples: pd.DataFrame, partners: pd.Series) -> pd.DataFrame:
+    """Each (run, sample_id, turn) its AR baseline also has, beside the AR values, compared."""
+    own = samples[samples["run_dir"].isin(partners.index)]
+    own = own.assign(ar_run_dir=own["run_dir"].map(partners))
+    ar = samples[[*SAMPLE_KEY, *AR_SIDE]].rename(columns={c: f"ar_{c}" for c in AR_SIDE})
+    pairs = own.merge(ar, on=["ar_run_dir", *SAMPLE_KEY])
+    divergence = [first_divergence(out, ref)
+                  for out, ref in zip(pairs["output_ids"], pairs["ar_output_ids"])]
+    return pairs.assign(first_divergence=divergence, exact_match=[d == -1 for d in divergence])
+
+
+def _agreement(pairs: pd.DataFrame) -> pd.DataFrame:
+    """Per run, over the common samples: speedup (total and mean rate) and the exact-match rate."""
+    rates = pairs.assign(rate=pairs["new_tokens"] / pairs["wall_s"],
+                         ar_rate=pairs["ar_new_tokens"] / pairs["ar_wall_s"])
+    grouped = rates.groupby("run_dir")
+    sums = grouped[["new_tokens", "wall_s", "ar_new_tokens", "ar_wall_s"]].sum()
+    means = grouped[["rate", "ar_rate", "exact_match"]].mean()
+    return pd.DataFrame({
+        "n_common": grouped.size(),
+        "speedup": (sums["new_tokens"] / sums["wall_s"])
+                   / (sums["ar_new_tokens"] / sums["ar_wall_s"]),
+        "speedup_mean": means["rate"] / means["ar_rate"],
+        "exact_match_rate": means["exact_match"].astype(float),
+    })
+
+
+def _samples_of(runs: pd.DataFrame, samples: pd.DataFrame | None) -> pd.DataFrame:
+    """The given samples frame, or the samples of the runs' directories read from disk."""
+    return load_samples(runs["run_dir"]) if samples is None else samples
+
+
+def match_ar(runs: pd.DataFrame, samples: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Runs plus ar_run_dir, n_common, speedup, speedup_mean, exact_match_rate vs AR (NaN: none)."""
+    partners = _ar_partners(runs)
+    pairs = _paired_samples(_samples_of(runs, samples), partners)
+    matched = runs.assign(ar_run_dir=runs["run_dir"].map(partners))
+    matched = matched.merge(_agreement(pairs), left_on="run_dir", right_index=True, how="left")
+    return matched.fillna({"n_common": 0}).astype({"n_common": int})
+
+
+def divergences(runs: pd.DataFrame, samples: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per sample compared with its AR baseline (AR self-pairs left out), for inspection."""
+    pairs = _paired_samples(_samples_of(runs, samples), _ar_partners(runs))
+    compared = pairs[pairs["run_dir"] != pairs["ar_run_dir"]]
+    return compared[DIVERGENCE_COLUMNS].reset_index(drop=True)
+
+
+def _report_table(runs: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
+    """The per-run table from loaded frames, grouped by model and dataset for reading."""
+    report = match_ar(runs, samples)[TABLE_COLUMNS]
+    return report.sort_values(["model", "dataset", "temperature", "method"]).reset_index(drop=True)
+
+
+def table(paths: Iterable[PathLike]) -> pd.DataFrame:
+    """The per-run report: recomputed metrics, speedup and exact-match rate vs the AR baseline."""
+    return _report_table(*load(paths))
+
+
+def _for_display(frame: pd.DataFrame) -> pd.DataFrame:
+    """Run folder names instead of paths, latency in ms and short headers, to fit a terminal."""
+    shown = frame.copy()
+    for column in {"run_dir", "ar_run_dir"} & set(shown.columns):
+        shown[column] = shown[column].map(lambda path: Path(path).name, na_action="ignore")
+    if "step_latency_s" in shown:
+        shown["step_latency_s"] = shown["step_latency_s"] * 1000
+    return shown.rename(columns=DISPLAY_NAMES)
+
+
+def format_table(frame: pd.DataFrame) -> str:
+    """Fixed-width text of a report frame: floats to 2 decimals, '-' where a value is missing."""
+    return _for_display(frame).to_string(index=False, float_format="{:.2f}".format, na_rep="-")
+
+
+def _divergence_text(compared: pd.DataFrame) -> str:
+    """The first-divergence table of the samples that differ from AR, or a line saying none do."""
+    differing = compared[~compared["exact_match"]]
+    if differing.empty:
+        return "no compared sample differs from its AR baseline"
+    return format_table(differing.drop(columns="exact_match"))
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m specbench.report``."""
+    parser = argparse.ArgumentParser(prog="python -m specbench.report",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("paths", nargs="+", metavar="RUN_DIR",
+                        help="run directories, or folders to search for them")
+    parser.add_argument("--csv", metavar="OUT.csv", help="also write the table (full precision)")
+    parser.add_argument("--divergences", action="store_true",
+                        help="also list the samples that differ from AR and where")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Print the report table of the given runs; exit 2 with a message when they cannot be read."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        runs, samples = load(args.paths)
+    except ReportError as error:
+        parser.error(str(error))
+    report = _report_table(runs, samples)
+    print(format_table(report))
+    if args.csv:
+        report.to_csv(args.csv, index=False)
+    if args.divergences:
+        print()
+        print(_divergence_text(divergences(runs, samples)))
+
+
+if __name__ == "__main__":
+    main()

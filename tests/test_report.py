@@ -1,0 +1,210 @@
+"""Report v0 on the hand-written fixture results folder tests/fixtures/runs.
+
+The fixture (all: model tiny, temperature 0, top_p 1, max_new_tokens 8, cpu, float32):
+- ar_humaneval: AR on s0, s1, s2: 4, 5, 3 tokens in 0.4, 0.5, 0.3 s, with 3, 4, 2 one-token
+  steps of 0.1 s.
+- fake_humaneval: fake_method on s0, s1, s2 plus s3, which AR lacks. s0 and s2 match AR; s1 is
+  [5, 6, 99, 8, 9] against AR's [5, 6, 7, 8, 9], so it diverges at index 2. Per sample:
+  s0 4 tok/0.1 s, 1 step [3] of 4 drafted; s1 5 tok/0.25 s, steps [2, 2] of [3, 3];
+  s2 3 tok/0.25 s, 1 step [2] of 3; s3 6 tok/0.1 s, 1 step [5] of 5. Step times sum to 0.45 s.
+- fake_mtbench: fake_method on mt_bench (no AR run there), one sample with two turns.
+Every summary.json stores stale metrics (throughput_total 999) that the report must ignore.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from specbench import report
+
+RUNS = Path(__file__).parent / "fixtures" / "runs"
+REPO = Path(__file__).parent.parent
+
+
+def _row(frame: pd.DataFrame, name: str) -> pd.Series:
+    """The single row of the run whose folder is called name."""
+    rows = frame[frame["run_dir"].map(lambda path: Path(path).name) == name]
+    assert len(rows) == 1
+    return rows.iloc[0]
+
+
+def _copy_run(name: str, tmp_path: Path) -> Path:
+    """A writable copy of one fixture run, to damage in a test."""
+    return Path(shutil.copytree(RUNS / name, tmp_path / name))
+
+
+def test_load_runs_walks_a_parent_folder():
+    """A parent folder yields every run below it, with its identity columns."""
+    runs = report.load_runs([RUNS])
+    assert sorted(runs["method"]) == ["ar", "fake_method", "fake_method"]
+    assert set(report.RUN_COLUMNS) <= set(runs.columns)
+    ar = _row(runs, "ar_humaneval")
+    assert (ar["temperature"], ar["top_p"], ar["seed"], ar["max_new_tokens"]) == (0.0, 1.0, 0, 8)
+    assert (ar["device_name"], ar["dtype"], ar["n_samples"]) == ("cpu", "float32", 3)
+
+
+def test_load_runs_accepts_run_dirs_and_counts_each_once():
+    """Run dirs are accepted directly; a run named twice is one row."""
+    runs = report.load_runs([RUNS / "ar_humaneval", RUNS])
+    assert len(runs) == 3
+    assert len(report.load_runs([RUNS / "fake_mtbench"])) == 1
+
+
+def test_load_samples_has_one_row_per_record_with_identity():
+    """Every (sample, turn) record is a row carrying its run's identity."""
+    samples = report.load_samples([RUNS])
+    assert len(samples) == 3 + 4 + 2
+    counts = samples["run_dir"].map(lambda path: Path(path).name).value_counts()
+    assert counts.to_dict() == {"fake_humaneval": 4, "ar_humaneval": 3, "fake_mtbench": 2}
+    turns = samples[samples["dataset"] == "mt_bench"]
+    assert list(turns["turn"]) == [0, 1] and set(turns["method"]) == {"fake_method"}
+
+
+def test_metrics_are_recomputed_from_samples():
+    """Metrics come from samples.jsonl (hand-computed), not the stale summary."""
+    runs = report.load_runs([RUNS])
+    fake = _row(runs, "fake_humaneval")
+    assert fake["n_records"] == 4 and fake["new_tokens"] == 18
+    assert fake["throughput_total"] == pytest.approx(18 / 0.7)  # not the stored 999
+    assert fake["throughput_mean"] == pytest.approx((40 + 20 + 12 + 60) / 4)
+    assert fake["tokens_per_step"] == pytest.approx((3 + 4 + 2 + 5) / 5)
+    assert fake["accepted_per_step"] == pytest.approx(1.8)
+    assert fake["draft_efficiency"] == pytest.approx((14 - 5) / (4 + 6 + 3 + 5))
+    assert fake["step_latency_s"] == pytest.approx(0.45 / 5)
+    assert fake["tokens_per_forward"] == pytest.approx(18 / (5 + 4))
+    ar = _row(runs, "ar_humaneval")
+    assert ar["throughput_total"] == pytest.approx(12 / 1.2)
+    assert ar["tokens_per_step"] == 1.0 and ar["accepted_per_step"] == 0.0
+    assert math.isnan(ar["draft_efficiency"])  # AR drafts nothing
+    turns = _row(runs, "fake_mtbench")
+    assert turns["tokens_per_step"] == pytest.approx(1.5)
+    assert turns["draft_efficiency"] == pytest.approx(0.25)
+
+
+def test_speedup_is_computed_on_common_samples_only():
+    """Speedup ignores the sample the AR run lacks; AR's own speedup is 1."""
+    matched = report.match_ar(report.load_runs([RUNS]))
+    fake = _row(matched, "fake_humaneval")
+    assert Path(fake["ar_run_dir"]).name == "ar_humaneval"
+    assert fake["n_common"] == 3
+    # s0..s2 only: 12 tokens in 0.6 s against AR's 12 in 1.2 s (with s3 it would read 2.57).
+    assert fake["speedup"] == pytest.approx(2.0)
+    # Mean per-sample rates: (40 + 20 + 12) / 3 = 24 against AR's 10.
+    assert fake["speedup_mean"] == pytest.approx(2.4)
+    ar = _row(matched, "ar_humaneval")
+    assert (ar["speedup"], ar["speedup_mean"], ar["exact_match_rate"]) == (1.0, 1.0, 1.0)
+
+
+def test_run_without_ar_baseline_gets_nan():
+    """A run with no matching AR run gets NaN speedup and exact-match rate."""
+    orphan = _row(report.match_ar(report.load_runs([RUNS])), "fake_mtbench")
+    assert pd.isna(orphan["ar_run_dir"]) and orphan["n_common"] == 0
+    assert math.isnan(orphan["speedup"]) and math.isnan(orphan["exact_match_rate"])
+
+
+def test_other_hardware_is_not_a_baseline():
+    """An AR run on another device is not a baseline."""
+    runs, samples = report.load([RUNS])
+    moved = runs.assign(device_name=runs["device_name"].where(runs["method"] == "ar", "H100"))
+    assert math.isnan(_row(report.match_ar(moved, samples), "fake_humaneval")["speedup"])
+
+
+def test_exact_match_rate_and_first_divergence():
+    """s1 diverges from AR at token 2; s0 and s2 match; s3 is not compared."""
+    runs, samples = report.load([RUNS])
+    fake = _row(report.match_ar(runs, samples), "fake_humaneval")
+    assert fake["exact_match_rate"] == pytest.approx(2 / 3)
+    compared = report.divergences(runs, samples)
+    assert sorted(compared["sample_id"]) == ["s0", "s1", "s2"]  # s3 has no AR partner
+    by_sample = compared.set_index("sample_id")
+    assert by_sample.loc["s1", "first_divergence"] == 2 and not by_sample.loc["s1", "exact_match"]
+    assert list(by_sample.loc[["s0", "s2"], "first_divergence"]) == [-1, -1]
+    assert by_sample.loc[["s0", "s2"], "exact_match"].all()
+
+
+@pytest.mark.parametrize("output, reference, expected", [
+    ([1, 2, 3], [1, 2, 3], -1),
+    ([1, 2, 3], [1, 5, 3], 1),
+    ([1, 2], [1, 2, 3], 2),
+    ([1, 2, 3, 4], [1, 2], 2),
+    ([], [7], 0),
+])
+def test_first_divergence(output, reference, expected):
+    """Equal, differing, prefix and empty outputs give the documented index."""
+    assert report.first_divergence(output, reference) == expected
+
+
+def test_table_columns_and_format():
+    """The table has the researcher columns; the text is rounded, in ms, '-' for NaN."""
+    frame = report.table([RUNS])
+    assert list(frame.columns) == report.TABLE_COLUMNS
+    assert list(frame["method"]) == ["ar", "fake_method", "fake_method"]
+    text = report.format_table(frame)
+    fake_line = next(line for line in text.splitlines() if "fake_humaneval" in line)
+    assert "25.71" in fake_line and "90.00" in fake_line and "0.67" in fake_line  # ms, rounded
+    orphan_line = next(line for line in text.splitlines() if "fake_mtbench" in line)
+    assert orphan_line.split()[-1] == "-"
+
+
+def test_cli_prints_table_divergences_and_csv(tmp_path, capsys):
+    """The CLI prints methods and the divergence of s1 and writes the CSV."""
+    out = tmp_path / "report.csv"
+    report.main([str(RUNS), "--divergences", "--csv", str(out)])
+    printed = capsys.readouterr().out
+    assert "ar_humaneval" in printed and "fake_method" in printed
+    divergence_line = next(line for line in printed.splitlines() if " s1 " in line)
+    assert divergence_line.split()[-1] == "2"
+    saved = pd.read_csv(out)
+    assert len(saved) == 3 and saved["speedup"].iloc[1] == pytest.approx(2.0)
+
+
+def test_cli_runs_as_a_module():
+    """``python -m specbench.report`` runs and prints the table."""
+    done = subprocess.run([sys.executable, "-m", "specbench.report", str(RUNS / "ar_humaneval")],
+                          cwd=REPO, capture_output=True, text=True, check=True)
+    assert "ar_humaneval" in done.stdout and " ar " in done.stdout
+
+
+def test_cli_exits_2_on_folder_without_runs(tmp_path, capsys):
+    """A folder without runs is a usage error (exit 2) with a message."""
+    with pytest.raises(SystemExit) as exit_info:
+        report.main([str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "no runs found" in capsys.readouterr().err
+
+
+def test_cli_exits_2_on_run_without_samples(tmp_path, capsys):
+    """A run without samples.jsonl is a usage error (exit 2) with a message."""
+    run_dir = _copy_run("ar_humaneval", tmp_path)
+    (run_dir / "samples.jsonl").unlink()
+    with pytest.raises(SystemExit) as exit_info:
+        report.main([str(run_dir)])
+    assert exit_info.value.code == 2
+    assert "no samples.jsonl" in capsys.readouterr().err
+
+
+def test_truncated_last_line_is_skipped_with_warning(tmp_path):
+    """An interrupted run's truncated last line is skipped with a warning."""
+    run_dir = _copy_run("ar_humaneval", tmp_path)
+    with (run_dir / "samples.jsonl").open("a") as samples:
+        samples.write('{"schema": "specbench.samples/1", "run_id": "ar_hum')
+    with pytest.warns(UserWarning, match="truncated last line"):
+        runs = report.load_runs([run_dir])
+    assert runs["n_records"].iloc[0] == 3
+    assert runs["throughput_total"].iloc[0] == pytest.approx(10.0)
+
+
+def test_malformed_line_before_the_end_is_an_error(tmp_path):
+    """A broken line before the last one is corruption, so it raises."""
+    run_dir = _copy_run("ar_humaneval", tmp_path)
+    lines = (run_dir / "samples.jsonl").read_text().splitlines()
+    (run_dir / "samples.jsonl").write_text("\n".join([lines[0][:40], *lines[1:]]) + "\n")
+    with pytest.raises(report.ReportError, match="samples.jsonl:1"):
+        report.load_runs([run_dir])

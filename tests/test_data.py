@@ -1,0 +1,64 @@
+"""The dataset interface and HumanEval: sources, sample fields, prompt rendering."""
+
+import pytest
+
+from specbench.data.base import Sample
+from specbench.data.humaneval import HumanEval
+from specbench.data.prompts import conversation, render, resolve_format
+from specbench.errors import ConfigError, DataUnavailable
+
+
+def test_humaneval_from_package():
+    data = HumanEval("humaneval")
+    samples = data.samples()
+    assert len(samples) == 164 and data.resolved_source == "package"
+    first = samples[0]
+    assert first.sample_id == "HumanEval/0" and first.turns[0].startswith("from typing import List")
+    assert first.reference["entry_point"] == "has_close_elements"
+
+
+def test_humaneval_local_copy_matches_package(shared_data):
+    local = HumanEval("humaneval", data_dir=str(shared_data)).samples()
+    package = HumanEval("humaneval", source="package").samples()
+    assert [s.turns for s in local] == [s.turns for s in package]
+
+
+def test_limit_takes_prefix():
+    assert [s.sample_id for s in HumanEval("humaneval").samples(limit=2)] == ["HumanEval/0", "HumanEval/1"]
+
+
+def test_offline_hub_source_fails_fast_with_advice(monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    with pytest.raises(DataUnavailable, match="openai/openai_humaneval.*SPECBENCH_DATA_DIR"):
+        HumanEval("humaneval", source="hub").samples()
+
+
+def test_bad_source_and_format():
+    with pytest.raises(ConfigError):
+        HumanEval("humaneval", source="ftp").samples()
+    with pytest.raises(ConfigError):
+        HumanEval("humaneval", prompt_format="markdown")
+
+
+def test_conversation_is_multi_turn_ready():
+    sample = Sample("q1", ["first?", "second?"])
+    messages = conversation("be brief", sample.turns, ["answer one"])
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
+    assert messages[-1]["content"] == "second?"
+
+
+def test_rendering_chat_and_raw(embedded):
+    tok = embedded.tokenizer
+    messages = [{"role": "user", "content": "def f():"}]
+    chat = tok.decode(render(tok, messages, "chat"))
+    assert chat.startswith("<|im_start|>system") and chat.endswith("<|im_start|>assistant\n")
+    assert tok.decode(render(tok, messages, "raw")) == "def f():"
+    assert resolve_format(tok, "auto") == "chat"
+
+
+def test_chat_format_without_template_is_a_clear_error():
+    class NoTemplate:
+        chat_template = None
+    with pytest.raises(ConfigError, match="prompt_format=raw"):
+        resolve_format(NoTemplate(), "chat")
+    assert resolve_format(NoTemplate(), "auto") == "raw"

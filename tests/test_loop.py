@@ -1,0 +1,122 @@
+"""The shared decode loop: AR equals HF generate; any drafts leave greedy output unchanged."""
+
+import random
+
+import pytest
+import torch
+
+from specbench.core.acceptance import Sampling
+from specbench.core.loop import Decoder, clip_emitted
+from specbench.core.tree import DraftTree
+from specbench.drafters.ar import NoDraft
+from specbench.drafters.base import Drafter
+from specbench.errors import ConfigError
+
+
+def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos: int | None = None) -> list[int]:
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                             max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos,
+                             pad_token_id=0, top_k=None, top_p=None, temperature=None)
+    return out[0, len(prompt):].tolist()
+
+
+def ar_greedy(model, prompt, max_new_tokens, eos_ids=frozenset()):
+    with torch.inference_mode():
+        return Decoder(model, NoDraft(), eos_ids, Sampling()).generate(prompt, max_new_tokens)
+
+
+class RandomTreeDrafter(Drafter):
+    """Proposes random trees that sometimes contain the true continuation (to test losslessness)."""
+
+    def __init__(self, truth: list[int], vocab: int, seed: int):
+        self.truth, self.vocab, self.rng = truth, vocab, random.Random(seed)
+
+    def propose(self, ctx):
+        done = len(ctx.tokens) - ctx.prompt_len
+        paths = []
+        for _ in range(self.rng.randrange(1, 5)):
+            length = self.rng.randrange(1, 6)
+            good = self.rng.randrange(length + 1)
+            path = self.truth[done: done + good] + [self.rng.randrange(self.vocab) for _ in range(length - good)]
+            paths.append(path)
+        return DraftTree.from_paths(ctx.root, paths)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_ar_equals_hf_generate_tiny(tiny, seed):
+    rng = random.Random(seed)
+    prompt = [rng.randrange(tiny.config.vocab_size) for _ in range(rng.randrange(1, 30))]
+    gen = ar_greedy(tiny, prompt, 40)
+    assert gen.output_ids == hf_greedy(tiny, prompt, 40)
+    assert gen.target_forwards == 39 and gen.accept_lengths == [1] * 39
+    assert gen.stop_reason == "max_new_tokens"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_trees_are_lossless(tiny, seed):
+    rng = random.Random(100 + seed)
+    prompt = [rng.randrange(tiny.config.vocab_size) for _ in range(12)]
+    truth = ar_greedy(tiny, prompt, 48).output_ids
+    drafter = RandomTreeDrafter(truth, tiny.config.vocab_size, seed)
+    with torch.inference_mode():
+        gen = Decoder(tiny, drafter, frozenset(), Sampling()).generate(prompt, 48)
+    assert gen.output_ids == truth
+    assert sum(gen.accept_lengths) == 47 and gen.target_forwards < 47  # drafts were accepted
+
+
+def test_eos_stops_inside_a_multi_token_step(tiny):
+    prompt = [5, 6, 7]
+    truth = ar_greedy(tiny, prompt, 30).output_ids
+    eos = truth[10]
+    first = truth.index(eos)
+    with torch.inference_mode():
+        gen = Decoder(tiny, RandomTreeDrafter(truth, 97, 0), frozenset({eos}), Sampling()).generate(prompt, 30)
+    assert gen.output_ids == truth[: first + 1]
+    assert gen.stop_reason == "eos"
+    assert gen.output_ids == hf_greedy(tiny, prompt, 30, eos=eos)
+
+
+def test_budget_cuts_a_multi_token_step(tiny):
+    prompt = [1, 2, 3]
+    truth = ar_greedy(tiny, prompt, 20).output_ids
+    with torch.inference_mode():
+        gen = Decoder(tiny, RandomTreeDrafter(truth, 97, 1), frozenset(), Sampling()).generate(prompt, 7)
+    assert gen.output_ids == truth[:7] and gen.stop_reason == "max_new_tokens"
+
+
+def test_clip_emitted():
+    assert clip_emitted([1, 2, 3], frozenset({2}), 5) == ([1, 2], "eos")
+    assert clip_emitted([1, 2, 3], frozenset(), 2) == ([1, 2], "max_new_tokens")
+    assert clip_emitted([1, 2, 3], frozenset({3}), 2) == ([1, 2], "max_new_tokens")
+    assert clip_emitted([1], frozenset(), 5) == ([1], None)
+
+
+def test_one_token_budget_and_bad_inputs(tiny):
+    gen = ar_greedy(tiny, [1, 2], 1)
+    assert len(gen.output_ids) == 1 and gen.target_forwards == 0
+    with pytest.raises(ConfigError, match="max_new_tokens"):
+        ar_greedy(tiny, [1, 2], 0)
+    with pytest.raises(ConfigError, match="empty prompt"):
+        ar_greedy(tiny, [], 5)
+
+
+def test_sampled_ar_is_reproducible_with_seed(tiny):
+    def sample(seed):
+        with torch.inference_mode():
+            decoder = Decoder(tiny, NoDraft(), frozenset(), Sampling(temperature=0.8, top_p=0.9))
+            return decoder.generate([3, 4, 5], 20, torch.Generator().manual_seed(seed)).output_ids
+    assert sample(1) == sample(1)
+    assert sample(1) != sample(2)
+
+
+@pytest.mark.slow
+def test_ar_equals_hf_generate_embedded(embedded):
+    tok = embedded.tokenizer
+    eos = min(embedded.eos_ids)
+    for question in ["Write a Python function that reverses a string.", "Name three prime numbers.",
+                     "Explain what a hash map is in two sentences."]:
+        prompt = tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                         tokenize=True)["input_ids"]
+        gen = ar_greedy(embedded.model, prompt, 48, embedded.eos_ids)
+        assert gen.output_ids == hf_greedy(embedded.model, prompt, 48, eos=eos)

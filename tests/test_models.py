@@ -1,0 +1,72 @@
+"""Model loading: embedded and tiny models offline; Hub models fail fast with advice when offline."""
+
+import time
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from specbench.errors import ConfigError, ModelUnavailable
+from specbench.models.loading import load_model, resolve_device, resolve_dtype
+from tests.test_config import compose_run, options
+
+PAPER_MODELS = [m for m in options("model") if compose_run(f"model={m}").model.source == "hub"]
+
+
+@pytest.fixture
+def no_hub(monkeypatch, tmp_path):
+    """Simulate an offline machine whose HF cache is empty (a refused local endpoint)."""
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+
+
+def test_paper_model_configs_exist():
+    expected = {"llama_7b", "llama2_7b", "llama2_13b", "llama2_7b_chat", "llama2_13b_chat", "codellama_7b",
+                "codellama_13b", "vicuna_7b", "vicuna_13b", "vicuna_33b"}
+    assert expected <= set(PAPER_MODELS)
+
+
+@pytest.mark.parametrize("name", PAPER_MODELS)
+def test_paper_models_fail_fast_offline_with_advice(no_hub, name):
+    cfg = compose_run(f"model={name}").model
+    start = time.time()
+    with pytest.raises(ModelUnavailable) as info:
+        load_model(cfg, torch.device("cpu"), torch.float32)
+    assert time.time() - start < 10
+    assert cfg.path in str(info.value) and "model.path=" in str(info.value)
+
+
+def test_local_path_is_used_directly(tmp_path):
+    from specbench.models.loading import build_tiny_llama
+    from specbench.models.embedded import embedded_checkpoint
+    from transformers import AutoTokenizer
+
+    build_tiny_llama(vocab_size=49152, seed=3, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                     num_key_value_heads=1, intermediate_size=64).save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(embedded_checkpoint()).save_pretrained(tmp_path)
+    cfg = OmegaConf.create({"name": "local", "source": "hub", "path": str(tmp_path), "attn_implementation": "sdpa"})
+    lm = load_model(cfg, torch.device("cpu"), torch.float32)
+    assert lm.path == str(tmp_path) and lm.model.config.num_hidden_layers == 1
+
+
+def test_tiny_model_uses_embedded_tokenizer():
+    lm = load_model(compose_run("model=tiny_llama").model, torch.device("cpu"), torch.float32)
+    assert lm.model.config.vocab_size == len(lm.tokenizer) and lm.eos_ids == frozenset({2})
+
+
+@pytest.mark.slow
+def test_embedded_model_facts(embedded):
+    assert embedded.model.config.num_hidden_layers == 30 and embedded.model.config.hidden_size == 576
+    assert embedded.model.config.vocab_size == 49152 and embedded.tokenizer.chat_template
+
+
+def test_device_and_dtype_resolution():
+    assert resolve_device("cpu").type == "cpu"
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    assert resolve_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
+    with pytest.raises(ConfigError):
+        resolve_dtype("float8", torch.device("cpu"))
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="device=cpu"):
+            resolve_device("cuda")

@@ -1,0 +1,141 @@
+"""The runner end to end on a tiny random model: schema, resume, conflicts, interrupts, bad input."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from specbench.errors import ConfigError, DataUnavailable, RunConflict
+from specbench.runner import Runner
+from specbench.schema import SAMPLE_FIELDS, SUMMARY_FIELDS, validate_record
+from tests.conftest import ROOT
+from tests.test_config import compose_run
+
+TINY = ["model=tiny_llama", "max_new_tokens=12", "warmup=0", "progress=false"]
+
+
+def run(tmp_path, *overrides, data_dir=None):
+    data = [f"data_dir={data_dir}"] if data_dir else ["data_dir=null"]
+    cfg = compose_run(*TINY, f"output_dir={tmp_path}", *data, *overrides)
+    return Runner(cfg).run()
+
+
+def records(out_dir):
+    return [json.loads(line) for line in (out_dir / "samples.jsonl").read_text().splitlines()]
+
+
+def test_run_writes_schema_fields(tmp_path):
+    out = run(tmp_path, "limit=3")
+    lines = records(out)
+    assert [r["sample_id"] for r in lines] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
+    for record in lines:
+        validate_record(record)
+        assert record["new_tokens"] == len(record["output_ids"]) == 12
+        assert sum(record["accept_lengths"]) == record["new_tokens"] - 1 == record["target_forwards"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(SUMMARY_FIELDS) - {"n_records"} <= set(summary)
+    assert summary["status"] == "complete" and summary["n_samples"] == 3
+    assert summary["metrics"]["tokens_per_step"] == 1.0
+    assert summary["environment"]["dtype"] == "float32"
+    assert summary["dataset_source"] == "package" and summary["prompt_format"] == "chat"
+    assert (out / "config.yaml").is_file()
+
+
+def test_resume_extends_without_duplicates(tmp_path):
+    run(tmp_path, "limit=2")
+    first = records(tmp_path)
+    run(tmp_path, "limit=4")
+    both = records(tmp_path)
+    assert both[:2] == first
+    assert [r["sample_id"] for r in both] == [f"HumanEval/{i}" for i in range(4)]
+    run(tmp_path, "limit=4")  # nothing left to do
+    assert records(tmp_path) == both
+
+
+def test_changed_config_refuses_unless_forced(tmp_path):
+    run(tmp_path, "limit=1")
+    with pytest.raises(RunConflict, match="force=true"):
+        run(tmp_path, "limit=1", "max_new_tokens=8")
+    run(tmp_path, "limit=2", "max_new_tokens=8", "force=true")
+    assert len(records(tmp_path)) == 2
+
+
+def test_torn_tail_is_dropped_and_rerun(tmp_path):
+    run(tmp_path, "limit=2")
+    path = tmp_path / "samples.jsonl"
+    good = path.read_text().splitlines()
+    path.write_text(good[0] + "\n" + good[1][:40])  # an interrupt cut the second line
+    run(tmp_path, "limit=2")
+    again = records(tmp_path)
+    assert [r["sample_id"] for r in again] == ["HumanEval/0", "HumanEval/1"]
+    assert again[1]["output_ids"] == json.loads(good[1])["output_ids"]
+
+
+def test_local_data_dir_source(tmp_path, shared_data):
+    out = run(tmp_path, "limit=1", data_dir=shared_data)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["dataset_source"] == f"local:{shared_data / 'humaneval.jsonl'}"
+
+
+def test_bad_settings_are_rejected_before_loading(tmp_path):
+    with pytest.raises(ConfigError, match="max_new_tokens must be >= 1"):
+        run(tmp_path, "max_new_tokens=0")
+    with pytest.raises(ConfigError, match="top_p"):
+        run(tmp_path, "top_p=0")
+
+
+def test_prompt_longer_than_context_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="exceeds the model's context length"):
+        run(tmp_path, "limit=1", "model.context_length=64")
+
+
+def test_missing_local_file_names_hub_id_and_setting(tmp_path):
+    with pytest.raises(DataUnavailable, match="openai/openai_humaneval.*data_dir"):
+        run(tmp_path / "out", "limit=1", "dataset.source=local", data_dir=tmp_path)
+
+
+def test_hf_generate_engine_matches_ar(tmp_path):
+    ar = records(run(tmp_path / "ar", "limit=2"))
+    hf = records(run(tmp_path / "hf", "limit=2", "method=hf_generate"))
+    assert [r["output_ids"] for r in hf] == [r["output_ids"] for r in ar]
+    assert hf[0]["target_forwards"] == 11 and hf[0]["accept_lengths"] is None
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_without_losses_or_duplicates(tmp_path):
+    """SIGKILL a CLI run mid-way, rerun the same command: finished samples kept, none duplicated."""
+    cmd = [sys.executable, "-m", "specbench", *TINY, "max_new_tokens=48", "limit=8",
+           f"output_dir={tmp_path}"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    samples = tmp_path / "samples.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not samples.exists() or len(samples.read_text().splitlines()) < 2):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = [json.loads(line) for line in samples.read_text().splitlines() if line.strip().endswith("}")]
+    assert 2 <= len(before) < 8
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    after = records(tmp_path)
+    ids = [r["sample_id"] for r in after]
+    assert ids == [f"HumanEval/{i}" for i in range(8)]
+    assert after[: len(before)] == before
+    assert "resuming" in done.stdout
+
+
+@pytest.mark.slow
+def test_cli_prints_table_and_user_errors_have_no_traceback(tmp_path):
+    ok = subprocess.run([sys.executable, "-m", "specbench", *TINY, "limit=1", f"output_dir={tmp_path}"],
+                        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    assert "tok/s" in ok.stdout and "tiny_llama" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "specbench", *TINY, "max_new_tokens=0",
+                          f"output_dir={tmp_path / 'x'}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2
+    assert bad.stderr.startswith("error: invalid run settings") and "Traceback" not in bad.stderr

@@ -21,7 +21,7 @@ class HFGenerate:
 
     def __init__(self, model, eos_ids: frozenset[int], sampling: Sampling, generate_kwargs: dict):
         self.model = model
-        self.config = GenerationConfig(
+        self.settings = dict(
             do_sample=not sampling.greedy,
             temperature=sampling.temperature if not sampling.greedy else None,
             top_p=sampling.top_p if not sampling.greedy else None,
@@ -52,13 +52,13 @@ class HFGenerate:
         try:
             synchronize(device)
             start = time.perf_counter()
-            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=self.config,
-                                      max_new_tokens=max_new_tokens)
+            config = GenerationConfig(max_new_tokens=max_new_tokens, **self.settings)
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
             synchronize(device)
         finally:
             hook.remove()
         output = out[0, len(prompt_ids):].tolist()
-        stop = "eos" if output and output[-1] in (self.config.eos_token_id or []) else "max_new_tokens"
+        stop = "eos" if output and output[-1] in (config.eos_token_id or []) else "max_new_tokens"
         return Generation(output, forward_ends[0] - start, len(forward_ends) - 1, stop, None, None, None)
 
 

@@ -23,7 +23,7 @@ from specbench.core.acceptance import Sampling
 from specbench.core.loop import synchronize
 from specbench.data.prompts import conversation, render
 from specbench.engines import build_engine
-from specbench.environment import device_name
+from specbench.environment import device_name, dtype_name
 from specbench.models.loading import load_model, resolve_device, resolve_dtype
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     identical = sum(a == b for a, b in zip(outputs["specbench_ar"], outputs["hf_generate"]))
     rate = {name: tokens[name] / seconds[name] for name in engines}
     print(f"model={args.model} dataset={args.dataset} prompts={len(prompts)} max_new_tokens={args.max_new_tokens} "
-          f"rounds={args.rounds} device={device_name(device)} dtype={str(dtype).removeprefix('torch.')} "
+          f"rounds={args.rounds} device={device_name(device)} dtype={dtype_name(dtype)} "
           f"threads={torch.get_num_threads()}")
     for name in engines:
         print(f"  {name:13s} {tokens[name]:6d} tokens  {seconds[name]:8.2f} s  {rate[name]:7.2f} tok/s")

@@ -43,6 +43,11 @@ def device_name(device: torch.device) -> str:
     return f"cpu: {cpu_name()}"
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float16`` -> ``float16`` (the spelling config keys use)."""
+    return str(dtype).removeprefix("torch.")
+
+
 def capture(device: torch.device, dtype: torch.dtype) -> dict:
     """Everything a reader needs to judge a timing: hardware, threads, library versions, code state."""
     import transformers
@@ -53,7 +58,7 @@ def capture(device: torch.device, dtype: torch.dtype) -> dict:
         "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        "dtype": str(dtype).removeprefix("torch."),
+        "dtype": dtype_name(dtype),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "torch": torch.__version__,

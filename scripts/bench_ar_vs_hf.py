@@ -21,7 +21,6 @@ from hydra.utils import instantiate
 
 from specbench.core.acceptance import Sampling
 from specbench.core.loop import synchronize
-from specbench.data.prompts import conversation, render
 from specbench.engines import build_engine
 from specbench.environment import device_name, dtype_name
 from specbench.models.loading import load_model, resolve_device, resolve_dtype
@@ -69,8 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     engines = {"specbench_ar": build_engine(ar_cfg.method, lm, Sampling()),
                "hf_generate": build_engine(hf_cfg.method, lm, Sampling())}
     dataset = instantiate(ar_cfg.dataset, data_dir=ar_cfg.data_dir)
-    prompts = [render(lm.tokenizer, conversation(dataset.system_prompt, s.turns[:1], []), dataset.prompt_format)
-               for s in dataset.samples(args.limit)]
+    prompts = [dataset.prompt_ids(lm.tokenizer, sample, []) for sample in dataset.samples(args.limit)]
     for engine in engines.values():  # warm-up, untimed
         timed(engine, prompts[0], args.max_new_tokens, device)
     tokens = dict.fromkeys(engines, 0)

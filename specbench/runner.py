@@ -18,7 +18,6 @@ from specbench import environment
 from specbench.core.acceptance import Sampling
 from specbench.core.loop import Generation, synchronize
 from specbench.data.base import Dataset, Sample
-from specbench.data.prompts import conversation, render, resolve_format
 from specbench.engines import build_engine
 from specbench.errors import ConfigError
 from specbench.metrics import aggregate
@@ -139,8 +138,7 @@ class Runner:
 
     def _prompt(self, sample: Sample, answers: list[str]) -> list[int]:
         """Prompt ids for the next turn of ``sample`` given the model's earlier answers."""
-        messages = conversation(self.dataset.system_prompt, sample.turns[: len(answers) + 1], answers)
-        prompt_ids = render(self.lm.tokenizer, messages, self.dataset.prompt_format)
+        prompt_ids = self.dataset.prompt_ids(self.lm.tokenizer, sample, answers)
         check_fits(sample, prompt_ids, self.cfg.max_new_tokens, self.lm.context_length)
         return prompt_ids
 
@@ -203,7 +201,7 @@ class Runner:
             "method": cfg.method.name,
             "dataset": cfg.dataset.name,
             "dataset_source": self.dataset.resolved_source,
-            "prompt_format": resolve_format(self.lm.tokenizer, self.dataset.prompt_format) if self.lm else None,
+            "prompt_format": self.dataset.format_used(self.lm.tokenizer) if self.lm else None,
             "lossless": bool(cfg.method.lossless),
             "hyperparameters": method,
             "sampling": {"temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed},

@@ -32,8 +32,7 @@ class RunStore:
         self._open(force)
 
     def _open(self, force: bool) -> None:
-        """Create the directory, or load what a previous run left (checking it is the same config)."""
-        self.dir.mkdir(parents=True, exist_ok=True)
+        """Load what a previous run left in the directory, checking it came from the same config."""
         summary_path = self.dir / SUMMARY
         if summary_path.is_file():
             self.previous_summary = json.loads(summary_path.read_text(encoding="utf-8"))
@@ -84,5 +83,6 @@ class RunStore:
         write_atomic(self.dir / SUMMARY, json.dumps(summary, indent=2) + "\n")
 
     def write_config(self, yaml_text: str) -> None:
-        """Store the resolved config beside the results."""
+        """Store the resolved config beside the results (the first write: creates the directory)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
         write_atomic(self.dir / CONFIG, yaml_text)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specbench.data.prompts import conversation, render, resolve_format
 from specbench.errors import ConfigError, DataUnavailable
 from specbench.hub import hub_reachable
 
@@ -60,6 +61,19 @@ class Dataset:
         self.source = source
         self.data_dir = Path(data_dir).expanduser() if data_dir else None
         self.resolved_source: str | None = None
+
+    def prompt_ids(self, tokenizer, sample: Sample, answers: list[str]) -> list[int]:
+        """Token ids of the prompt for turn ``len(answers)``, after the model's earlier ``answers``.
+
+        Default: the conversation so far in the configured ``prompt_format``; datasets with their
+        papers' prompt templates (few-shot, instruction wrappers) override this.
+        """
+        messages = conversation(self.system_prompt, sample.turns[: len(answers) + 1], answers)
+        return render(tokenizer, messages, self.prompt_format)
+
+    def format_used(self, tokenizer) -> str:
+        """The prompt format actually used with ``tokenizer`` (recorded in the run summary)."""
+        return resolve_format(tokenizer, self.prompt_format)
 
     def to_sample(self, index: int, record: dict) -> Sample:
         """Convert one source record into a Sample."""

@@ -106,8 +106,9 @@ def test_hf_generate_engine_matches_ar(tmp_path):
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_without_losses_or_duplicates(tmp_path):
-    """SIGKILL a CLI run mid-way, rerun the same command: finished samples kept, none duplicated."""
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["kill-9", "ctrl-c"])
+def test_killed_run_resumes_without_losses_or_duplicates(tmp_path, sig):
+    """Kill a CLI run mid-way, rerun the same command: finished samples kept, none duplicated."""
     cmd = [sys.executable, "-m", "specbench", *TINY, "max_new_tokens=48", "limit=8",
            f"output_dir={tmp_path}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -116,8 +117,11 @@ def test_killed_run_resumes_without_losses_or_duplicates(tmp_path):
     deadline = time.time() + 120
     while time.time() < deadline and (not samples.exists() or len(samples.read_text().splitlines()) < 2):
         time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc.send_signal(sig)
+    code = proc.wait()
+    summary = json.loads((tmp_path / "summary.json").read_text())  # valid JSON whatever the signal
+    if sig == signal.SIGINT:
+        assert code == 130 and summary["status"] == "interrupted"
     before = [json.loads(line) for line in samples.read_text().splitlines() if line.strip().endswith("}")]
     assert 2 <= len(before) < 8
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

@@ -53,7 +53,8 @@ def draw(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | 
     """One token from a logits row [vocab]: argmax when greedy, else a sample of the warped target."""
     if sampling.greedy:
         return int(logits.argmax())
-    return int(torch.multinomial(target_probs(logits, sampling), 1, generator=generator))
+    probs = target_probs(logits.cpu(), sampling)  # [vocab]; the run's generator lives on the CPU
+    return int(torch.multinomial(probs, 1, generator=generator))
 
 
 def accept_match(tree: DraftTree, logits: torch.Tensor, sampling: Sampling,

@@ -83,7 +83,9 @@ def eos_token_ids(model, tokenizer) -> frozenset[int]:
 def load_model(cfg, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     """Instantiate the model described by a ``conf/model/*.yaml`` node on ``device`` in ``dtype``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # per-tensor "Loading weights" bars would drown the run's own bar
     if cfg.source not in SOURCES:
         raise ConfigError(f"model.source must be one of {SOURCES}; got {cfg.source!r}")
     path = str(embedded_checkpoint()) if cfg.source in ("embedded", "tiny") else cfg.path

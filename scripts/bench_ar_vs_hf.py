@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 from hydra import compose, initialize_config_dir
-from hydra.utils import instantiate
 
 from specbench.core.acceptance import Sampling
 from specbench.core.loop import synchronize
+from specbench.data.base import build_dataset
 from specbench.engines import build_engine
 from specbench.environment import device_name, dtype_name
 from specbench.models.loading import load_model, resolve_device, resolve_dtype
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     lm = load_model(ar_cfg.model, device, dtype)
     engines = {"specbench_ar": build_engine(ar_cfg.method, lm, Sampling()),
                "hf_generate": build_engine(hf_cfg.method, lm, Sampling())}
-    dataset = instantiate(ar_cfg.dataset, data_dir=ar_cfg.data_dir)
+    dataset = build_dataset(ar_cfg.dataset, ar_cfg.data_dir)
     prompts = [dataset.prompt_ids(lm.tokenizer, sample, []) for sample in dataset.samples(args.limit)]
     for engine in engines.values():  # warm-up, untimed
         timed(engine, prompts[0], args.max_new_tokens, device)

@@ -9,7 +9,6 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
@@ -17,7 +16,7 @@ from tqdm import tqdm
 from specbench import environment
 from specbench.core.acceptance import Sampling
 from specbench.core.loop import Generation, synchronize
-from specbench.data.base import Dataset, Sample
+from specbench.data.base import Dataset, Sample, build_dataset
 from specbench.engines import build_engine
 from specbench.errors import ConfigError
 from specbench.metrics import aggregate
@@ -84,8 +83,9 @@ class Runner:
         self.store = RunStore(Path(cfg.output_dir), config_digest(cfg, self.device, self.dtype), cfg.force)
         self.run_id = f"{Path(cfg.output_dir).name}@{datetime.now(timezone.utc):%Y%m%dT%H%M%S}"
         self.started_at = (self.store.previous_summary or {}).get("started_at") or self._now()
-        self.dataset: Dataset = hydra.utils.instantiate(cfg.dataset, data_dir=cfg.data_dir)
+        self.dataset: Dataset = build_dataset(cfg.dataset, cfg.data_dir)
         self.samples = self.dataset.samples(cfg.limit)
+        self.dataset_info = self.dataset.describe()
         self.environment = environment.capture(self.device, self.dtype)
         self.lm: LoadedModel | None = None
         self.engine = None
@@ -174,6 +174,7 @@ class Runner:
             "turn": turn,
             "n_turns": len(sample.turns),
             "category": sample.category,
+            "fine_category": sample.meta.get("fine_category"),
             "prompt_tokens": len(prompt_ids),
             "new_tokens": len(gen.output_ids),
             "output_ids": gen.output_ids,
@@ -201,6 +202,7 @@ class Runner:
             "method": cfg.method.name,
             "dataset": cfg.dataset.name,
             "dataset_source": self.dataset.resolved_source,
+            "dataset_info": self.dataset_info,
             "prompt_format": self.dataset.format_used(self.lm.tokenizer) if self.lm else None,
             "lossless": bool(cfg.method.lossless),
             "hyperparameters": method,

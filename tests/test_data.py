@@ -4,7 +4,8 @@ import pytest
 
 from specbench.data.base import Sample
 from specbench.data.humaneval import HumanEval
-from specbench.data.prompts import conversation, render, resolve_format
+from specbench.data.prompts import (VICUNA_SYSTEM, conversation, llama2_text, render, resolve_format,
+                                    vicuna_text)
 from specbench.errors import ConfigError, DataUnavailable
 
 
@@ -62,3 +63,27 @@ def test_chat_format_without_template_is_a_clear_error():
     with pytest.raises(ConfigError, match="prompt_format=raw"):
         resolve_format(NoTemplate(), "chat")
     assert resolve_format(NoTemplate(), "auto") == "raw"
+
+
+def test_paper_templates_on_a_two_turn_conversation():
+    messages = conversation(None, ["q1", "q2"], [" a1 "])
+    assert vicuna_text(messages) == f"{VICUNA_SYSTEM} USER: q1 ASSISTANT: a1</s>USER: q2 ASSISTANT:"
+    assert llama2_text(messages) == "[INST] q1 [/INST] a1 </s><s>[INST] q2 [/INST]"
+    with_system = conversation("S", ["q1"], [])
+    assert vicuna_text(with_system) == "S USER: q1 ASSISTANT:"
+    assert llama2_text(with_system) == "[INST] <<SYS>>\nS\n<</SYS>>\n\nq1 [/INST]"
+
+
+def test_unknown_format_is_a_config_error():
+    with pytest.raises(ConfigError, match="vicuna"):
+        resolve_format(None, "alpaca")
+
+
+def test_chat_render_matches_apply_chat_template(embedded):
+    tok = embedded.tokenizer
+    messages = conversation(None, ["hi", "and then?"], ["hello"])
+    expected = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    expected = list(expected["input_ids"] if hasattr(expected, "keys") else expected)
+    assert render(tok, messages, "chat") == expected
+    llama2 = "[INST] hi [/INST] hello </s><s>[INST] and then? [/INST]"
+    assert tok.decode(render(tok, messages, "llama2")) == llama2

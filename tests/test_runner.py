@@ -143,3 +143,17 @@ def test_cli_prints_table_and_user_errors_have_no_traceback(tmp_path):
                           f"output_dir={tmp_path / 'x'}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2
     assert bad.stderr.startswith("error: invalid run settings") and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("dataset", sorted(p.stem for p in (ROOT / "conf" / "dataset").glob("*.yaml")))
+def test_every_dataset_runs_end_to_end(tmp_path, shared_data, dataset):
+    """Each dataset through the runner (tiny model, limit=2): one record per turn, categories carried."""
+    out = run(tmp_path, f"dataset={dataset}", "limit=2", "max_new_tokens=4", data_dir=shared_data)
+    lines = records(out)
+    assert len({r["sample_id"] for r in lines}) == 2
+    assert len(lines) == sum(r["n_turns"] for r in lines if r["turn"] == 0)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["dataset_info"]["n_selected"] >= 2 and summary["n_samples"] == 2
+    if dataset in ("mt_bench", "spec_bench"):
+        assert [r["turn"] for r in lines] == [0, 1, 0, 1] and lines[0]["category"]
+        assert lines[1]["prompt_tokens"] > lines[0]["prompt_tokens"] + lines[0]["new_tokens"]

@@ -1,24 +1,33 @@
-"""The dataset interface every benchmark plugs into, and the shared source resolution.
+"""The dataset interface every benchmark plugs into, and the shared source resolution and subsampling.
 
 A dataset yields ``Sample``s: an id, an optional category, one or more user turns and an optional
 reference. Where the records come from is resolved once, here, for every dataset:
 ``data_dir`` (or ``SPECBENCH_DATA_DIR``) -> a local JSONL copy; otherwise the Hugging Face Hub
 through ``datasets.load_dataset``. Offline without a local copy, ``DataUnavailable`` says which
 Hub id is needed and how to point at a local copy instead.
+
+Which records are evaluated is resolved here too: a dataset's ``pool`` (its test split) is
+subsampled to ``sample_size`` records with ``sample_seed`` by one of the papers' samplers
+(``SAMPLERS``), and ``describe()`` says how, for the run summary.
 """
 
 from __future__ import annotations
 
 import json
+import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specbench.data.prompts import conversation, render, resolve_format
-from specbench.errors import ConfigError, DataUnavailable
+import numpy as np
+
+from specbench.data.prompts import (PROMPT_FORMATS, check_format, conversation, encode, prompt_text, raw_text,
+                                    resolve_format)
+from specbench.errors import ConfigError, DataUnavailable, UserError
 from specbench.hub import hub_reachable
 
-PROMPT_FORMATS = ("auto", "chat", "raw")
+__all__ = ["PROMPT_FORMATS", "SAMPLERS", "Dataset", "Sample", "build_dataset", "read_jsonl"]
 
 
 @dataclass
@@ -38,59 +47,161 @@ def read_jsonl(path: Path) -> list[dict]:
         return [json.loads(line) for line in handle if line.strip()]
 
 
+def random_sample(pool: list[int], n_records: int, size: int, seed: int) -> list[int]:
+    """Python's ``random.seed(seed); random.sample(pool, size)`` (Self-Draft's GSM-100 / MBPP-100)."""
+    if size > len(pool):
+        raise ConfigError(f"dataset.sample_size={size} exceeds the {len(pool)} records available")
+    return random.Random(seed).sample(pool, size)
+
+
+def hf_shuffle(pool: list[int], n_records: int, size: int, seed: int) -> list[int]:
+    """``datasets``' ``shuffle(seed=seed).select(range(size))`` over all records (ANPD), kept to the pool.
+
+    ``Dataset.shuffle(seed)`` orders rows by ``np.random.default_rng(seed).permutation(n)``; records
+    outside the pool (a few-shot example) are skipped, so the result equals the paper's selection
+    whenever none of them falls within its first ``size`` rows.
+    """
+    members = set(pool)
+    order = np.random.default_rng(seed).permutation(n_records).tolist()
+    return [i for i in order if i in members][:size]
+
+
+def prefix(pool: list[int], n_records: int, size: int, seed: int) -> list[int]:
+    """The first ``size`` records of the pool in source order (local copies that are a prefix)."""
+    return pool[:size]
+
+
+SAMPLERS: dict[str, Callable[[list[int], int, int, int], list[int]]] = {
+    "random.sample": random_sample, "shuffle": hf_shuffle, "prefix": prefix}
+
+
+def build_dataset(dataset_cfg, data_dir: str | None) -> "Dataset":
+    """Instantiate a ``conf/dataset`` node; a constructor's UserError surfaces as itself (one-line error).
+
+    Hydra wraps a constructor's exception in ``InstantiationException``; re-raising the cause keeps
+    a bad setting a clean ``error:`` line instead of a traceback.
+    """
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    try:
+        return instantiate(dataset_cfg, data_dir=data_dir)
+    except InstantiationException as error:
+        if isinstance(error.__cause__, UserError):
+            raise error.__cause__ from None
+        raise
+
+
 class Dataset:
-    """Base class: resolves the source, converts records to samples, applies ``limit``.
+    """Base class: resolves the source, selects the evaluated records, renders their prompts.
 
     Subclasses set ``local_file`` (name of the JSONL copy in ``data_dir``), ``hub_id`` /
-    ``hub_config`` / ``hub_split`` and implement ``to_sample``; they may override ``builtin_records``
-    for a copy that ships with an installed package.
+    ``hub_config`` / ``hub_split`` and implement ``to_sample``; they may override ``pool`` (the
+    split evaluated), ``sampler``, ``completion_prompt`` (the raw prompt for base models) and
+    ``builtin_records`` (a copy that ships with an installed package).
     """
 
     local_file: str = ""
     hub_id: str = ""
     hub_config: str | None = None
     hub_split: str = "test"
+    origin: str = ""                # where to get the file when it is not on the Hub (for the advice)
+    sampler: str = "random.sample"  # the SAMPLERS key that draws sample_size records from the pool
+    variant: str | None = None      # which version of the data (e.g. MBPP full / sanitized), for describe()
 
     def __init__(self, name: str, prompt_format: str = "auto", system_prompt: str | None = None,
-                 source: str = "auto", data_dir: str | None = None):
-        if prompt_format not in PROMPT_FORMATS:
-            raise ConfigError(f"dataset.prompt_format must be one of {PROMPT_FORMATS}; got {prompt_format!r}")
+                 source: str = "auto", data_dir: str | None = None, sample_size: int | None = None,
+                 sample_seed: int = 0):
+        check_format(prompt_format)
         self.name = name
         self.prompt_format = prompt_format
         self.system_prompt = system_prompt
         self.source = source
         self.data_dir = Path(data_dir).expanduser() if data_dir else None
+        self.sample_size = sample_size
+        self.sample_seed = sample_seed
         self.resolved_source: str | None = None
+        self._records: list[dict] | None = None
+
+    # --- prompts -------------------------------------------------------------------------------
+
+    def messages(self, sample: Sample, answers: list[str]) -> list[dict]:
+        """Chat messages for turn ``len(answers)``: system prompt, user turns, the model's answers."""
+        return conversation(self.system_prompt, sample.turns[: len(answers) + 1], answers)
+
+    def completion_prompt(self, sample: Sample, answers: list[str]) -> str:
+        """The ``raw`` prompt for base models; datasets with a paper's completion template override it."""
+        return raw_text(self.messages(sample, answers))
+
+    def prompt(self, tokenizer, sample: Sample, answers: list[str]) -> str:
+        """The prompt text for turn ``len(answers)`` in the format used with ``tokenizer``."""
+        fmt = self.format_used(tokenizer)
+        if fmt == "raw":
+            return self.completion_prompt(sample, answers)
+        return prompt_text(tokenizer, self.messages(sample, answers), fmt)
 
     def prompt_ids(self, tokenizer, sample: Sample, answers: list[str]) -> list[int]:
-        """Token ids of the prompt for turn ``len(answers)``, after the model's earlier ``answers``.
-
-        Default: the conversation so far in the configured ``prompt_format``; datasets with their
-        papers' prompt templates (few-shot, instruction wrappers) override this.
-        """
-        messages = conversation(self.system_prompt, sample.turns[: len(answers) + 1], answers)
-        return render(tokenizer, messages, self.prompt_format)
+        """Token ids of the prompt for turn ``len(answers)``, after the model's earlier ``answers``."""
+        return encode(tokenizer, self.prompt(tokenizer, sample, answers), self.format_used(tokenizer))
 
     def format_used(self, tokenizer) -> str:
         """The prompt format actually used with ``tokenizer`` (recorded in the run summary)."""
         return resolve_format(tokenizer, self.prompt_format)
 
+    # --- samples -------------------------------------------------------------------------------
+
     def to_sample(self, index: int, record: dict) -> Sample:
-        """Convert one source record into a Sample."""
+        """Convert one source record (at ``index`` in source order) into a Sample."""
         raise NotImplementedError
+
+    def pool(self, records: list[dict]) -> list[int]:
+        """Indices of the records that may be evaluated (the test split); default: all of them."""
+        return list(range(len(records)))
+
+    def sampler_used(self) -> str:
+        """The ``SAMPLERS`` key that draws ``sample_size`` records (may depend on the source)."""
+        return self.sampler
+
+    def selection(self) -> list[int]:
+        """Indices of the evaluated records, in evaluation order: the pool, subsampled if configured."""
+        records = self.records()
+        pool = self.pool(records)
+        if self.sample_size is None:
+            return pool
+        if self.sample_size < 1:
+            raise ConfigError(f"dataset.sample_size must be >= 1 or null (got {self.sample_size})")
+        return SAMPLERS[self.sampler_used()](pool, len(records), self.sample_size, self.sample_seed)
+
+    def samples(self, limit: int | None = None) -> list[Sample]:
+        """The evaluated samples in canonical order, the first ``limit`` of them when given."""
+        records = self.records()
+        chosen = self.selection()
+        chosen = chosen[:limit] if limit is not None else chosen
+        return [self.to_sample(i, records[i]) for i in chosen]
+
+    def describe(self) -> dict:
+        """Where the evaluated records came from and how they were chosen (for the run summary)."""
+        selection = self.selection()
+        subsampled = self.sample_size is not None
+        return {"source": self.resolved_source, "variant": self.variant,
+                "n_total": len(self.pool(self.records())), "n_selected": len(selection),
+                "sampler": self.sampler_used() if subsampled else None,
+                "sample_size": self.sample_size, "sample_seed": self.sample_seed if subsampled else None}
+
+    # --- sources -------------------------------------------------------------------------------
 
     def builtin_records(self) -> list[dict] | None:
         """Records shipped with an installed package, if any (checked after data_dir)."""
         return None
 
-    def samples(self, limit: int | None = None) -> list[Sample]:
-        """The dataset's samples in canonical order, the first ``limit`` of them when given."""
-        records = self.records()
-        samples = [self.to_sample(i, r) for i, r in enumerate(records)]
-        return samples[:limit] if limit is not None else samples
-
     def records(self) -> list[dict]:
         """Raw records from the configured source (``auto``: data_dir, then package copy, then Hub)."""
+        if self._records is None:
+            self._records = self._load_records()
+        return self._records
+
+    def _load_records(self) -> list[dict]:
+        """Read the records once from the source that ``source`` resolves to."""
         if self.source not in ("auto", "local", "package", "hub"):
             raise ConfigError(f"dataset.source must be auto, local, package or hub; got {self.source!r}")
         if self.source in ("auto", "local") and self.data_dir is not None:
@@ -104,7 +215,12 @@ class Dataset:
                 return builtin
         return self._hub_records()
 
+    def is_local(self) -> bool:
+        """Whether the records came from a local JSONL copy (known once they are loaded)."""
+        return (self.resolved_source or "").startswith("local:")
+
     def _local_records(self) -> list[dict]:
+        """The JSONL copy ``data_dir/local_file``."""
         path = self.data_dir / self.local_file
         if not path.is_file():
             raise DataUnavailable(self._advice(f"{path} does not exist"))
@@ -112,15 +228,22 @@ class Dataset:
         return read_jsonl(path)
 
     def _hub_records(self) -> list[dict]:
+        """The Hub split through ``datasets.load_dataset``, after a quick reachability probe."""
+        if not self.hub_id:
+            raise DataUnavailable(self._advice("no local copy was given"))
         if not hub_reachable():
             raise DataUnavailable(self._advice("the Hugging Face Hub cannot be reached"))
         import datasets
 
-        self.resolved_source = f"hub:{self.hub_id}"
+        self.resolved_source = f"hub:{self.hub_id}" + (f":{self.hub_config}" if self.hub_config else "")
         return list(datasets.load_dataset(self.hub_id, self.hub_config, split=self.hub_split))
 
     def _advice(self, problem: str) -> str:
+        """A DataUnavailable message: the problem, the remote source, and how to use a local copy."""
         config = f", config '{self.hub_config}'" if self.hub_config else ""
-        return (f"Dataset '{self.name}' is unavailable: {problem}. It loads from the Hub as "
-                f"'{self.hub_id}'{config}, split '{self.hub_split}'; offline, put '{self.local_file}' "
-                f"in a folder and pass data_dir=FOLDER (or set SPECBENCH_DATA_DIR=FOLDER).")
+        remote = (f"It loads from the Hub as '{self.hub_id}'{config}, split '{self.hub_split}' "
+                  f"(dataset.source=hub)" if self.hub_id
+                  else f"It is not on the Hugging Face Hub ({self.origin})")
+        return (f"Dataset '{self.name}' is unavailable: {problem}. {remote}; offline, put "
+                f"'{self.local_file}' in a folder and pass data_dir=FOLDER "
+                f"(or set SPECBENCH_DATA_DIR=FOLDER).")

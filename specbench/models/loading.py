@@ -80,18 +80,27 @@ def eos_token_ids(model, tokenizer) -> frozenset[int]:
     return frozenset(ids)
 
 
+def load_tokenizer(cfg):
+    """The tokenizer of a ``conf/model`` node alone (no weights), with its chat-template override."""
+    from transformers import AutoTokenizer
+
+    path = str(embedded_checkpoint()) if cfg.source in ("embedded", "tiny") else cfg.path
+    tokenizer = _from_pretrained(AutoTokenizer, path, revision=cfg.get("revision"))
+    if cfg.get("chat_template"):
+        tokenizer.chat_template = cfg.chat_template
+    return tokenizer
+
+
 def load_model(cfg, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     """Instantiate the model described by a ``conf/model/*.yaml`` node on ``device`` in ``dtype``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # per-tensor "Loading weights" bars would drown the run's own bar
     if cfg.source not in SOURCES:
         raise ConfigError(f"model.source must be one of {SOURCES}; got {cfg.source!r}")
-    path = str(embedded_checkpoint()) if cfg.source in ("embedded", "tiny") else cfg.path
-    tokenizer = _from_pretrained(AutoTokenizer, path, revision=cfg.get("revision"))
-    if cfg.get("chat_template"):
-        tokenizer.chat_template = cfg.chat_template
+    tokenizer = load_tokenizer(cfg)
+    path = str(embedded_checkpoint()) if cfg.source == "embedded" else cfg.path
     if cfg.source == "tiny":
         model = build_tiny_llama(len(tokenizer), **cfg.tiny)
         model.generation_config.eos_token_id = tokenizer.eos_token_id

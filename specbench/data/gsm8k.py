@@ -1,0 +1,25 @@
+"""GSM8K test split (Cobbe et al. 2021) and GSM-100, Self-Draft's seeded 100-question sample.
+
+Self-Draft (AAAI-25): "We randomly sampled 100 questions from the test set and constructed GSM100";
+its code draws them with Python's ``random.sample`` seeded with 10 (ALGORITHMS.md 4.7): the
+``random.sample`` sampler with ``sample_seed=10``, ``sample_size=100`` (conf/dataset/gsm100.yaml).
+The user turn is the question as written; the reference is the worked answer (ends in ``#### N``).
+"""
+
+from __future__ import annotations
+
+from specbench.data.base import Dataset, Sample
+
+
+class GSM8K(Dataset):
+    """Grade-school math word problems; one question per sample, in test-file order unless sampled."""
+
+    local_file = "gsm8k_test.jsonl"
+    hub_id = "openai/gsm8k"
+    hub_config = "main"
+    hub_split = "test"
+
+    def to_sample(self, index: int, record: dict) -> Sample:
+        """The question is the only turn; the id is the row in the test split."""
+        return Sample(sample_id=f"gsm8k/{index}", turns=[record["question"]],
+                      reference=record["answer"])

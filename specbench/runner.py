@@ -103,11 +103,12 @@ class Runner:
                   f"sample(s) already done, {len(pending)} to go")
         self.lm = load_model(self.cfg.model, self.device, self.dtype)
         self.engine = build_engine(self.cfg.method, self.lm, self.sampling)
-        status = "complete"
+        status = "failed"
         try:
             if pending:
                 self._warm_up(pending[0])
             self._run_samples(pending)
+            status = "complete"
         except KeyboardInterrupt:
             status = "interrupted"
             raise

@@ -39,7 +39,7 @@ SAMPLE_FIELDS: dict[str, str] = {
 SUMMARY_FIELDS: dict[str, str] = {
     "schema": "SUMMARY_VERSION of the writer",
     "run_id": "id of the latest writer",
-    "status": "'running', 'complete' or 'interrupted'",
+    "status": "'running', 'complete', 'interrupted' (Ctrl-C) or 'failed' (an error; finished samples kept)",
     "model": "model config name; model_path: Hub id / local dir / tiny spec",
     "method": "method config name",
     "dataset": "dataset config name; dataset_source: where records came from (local:PATH, package, hub:ID)",

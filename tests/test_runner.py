@@ -89,8 +89,11 @@ def test_bad_settings_are_rejected_before_loading(tmp_path):
 
 
 def test_prompt_longer_than_context_is_a_clear_error(tmp_path):
+    run(tmp_path, "limit=1", "max_new_tokens=4")
     with pytest.raises(ConfigError, match="exceeds the model's context length"):
-        run(tmp_path, "limit=1", "model.context_length=64")
+        run(tmp_path, "limit=2", "max_new_tokens=4", "model.context_length=64", "force=true")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["n_samples"] == 1  # the finished sample is kept
 
 
 def test_missing_local_file_names_hub_id_and_setting(tmp_path):

@@ -25,7 +25,7 @@ class HFGenerate:
             do_sample=not sampling.greedy,
             temperature=sampling.temperature if not sampling.greedy else None,
             top_p=sampling.top_p if not sampling.greedy else None,
-            top_k=None,
+            top_k=0 if not sampling.greedy else None,  # 0 = no top-k cut (HF defaults to 50)
             eos_token_id=sorted(eos_ids) or None,
             pad_token_id=min(eos_ids) if eos_ids else None,
             **generate_kwargs,

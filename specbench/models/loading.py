@@ -80,12 +80,18 @@ def eos_token_ids(model, tokenizer) -> frozenset[int]:
     return frozenset(ids)
 
 
+def checkpoint_path(cfg) -> str:
+    """Where a ``conf/model`` node's files live (tiny models borrow the embedded model's tokenizer)."""
+    if cfg.source not in SOURCES:
+        raise ConfigError(f"model.source must be one of {SOURCES}; got {cfg.source!r}")
+    return str(embedded_checkpoint()) if cfg.source in ("embedded", "tiny") else cfg.path
+
+
 def load_tokenizer(cfg):
     """The tokenizer of a ``conf/model`` node alone (no weights), with its chat-template override."""
     from transformers import AutoTokenizer
 
-    path = str(embedded_checkpoint()) if cfg.source in ("embedded", "tiny") else cfg.path
-    tokenizer = _from_pretrained(AutoTokenizer, path, revision=cfg.get("revision"))
+    tokenizer = _from_pretrained(AutoTokenizer, checkpoint_path(cfg), revision=cfg.get("revision"))
     if cfg.get("chat_template"):
         tokenizer.chat_template = cfg.chat_template
     return tokenizer
@@ -97,15 +103,13 @@ def load_model(cfg, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # per-tensor "Loading weights" bars would drown the run's own bar
-    if cfg.source not in SOURCES:
-        raise ConfigError(f"model.source must be one of {SOURCES}; got {cfg.source!r}")
     tokenizer = load_tokenizer(cfg)
-    path = str(embedded_checkpoint()) if cfg.source == "embedded" else cfg.path
     if cfg.source == "tiny":
         model = build_tiny_llama(len(tokenizer), **cfg.tiny)
         model.generation_config.eos_token_id = tokenizer.eos_token_id
         path = f"tiny-random-llama(seed={cfg.tiny.seed})"
     else:
+        path = checkpoint_path(cfg)
         model = _from_pretrained(AutoModelForCausalLM, path, revision=cfg.get("revision"), dtype=dtype,
                                  attn_implementation=cfg.get("attn_implementation"))
     model = model.to(device=device, dtype=dtype).eval()

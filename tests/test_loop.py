@@ -120,3 +120,42 @@ def test_ar_equals_hf_generate_embedded(embedded):
                                          tokenize=True)["input_ids"]
         gen = ar_greedy(embedded.model, prompt, 48, embedded.eos_ids)
         assert gen.output_ids == hf_greedy(embedded.model, prompt, 48, eos=eos)
+
+
+def exact_joint(model, prompt: list[int], length: int, sampling: Sampling) -> dict[tuple, float]:
+    """The target's probability of every continuation of ``length`` tokens (small vocabularies only)."""
+    from itertools import product
+
+    from specbench.core.acceptance import target_probs
+
+    vocab = model.config.vocab_size
+    joint = {}
+    with torch.inference_mode():
+        for tokens in product(range(vocab), repeat=length):
+            logits = model(torch.tensor([prompt + list(tokens[:-1])])).logits[0, len(prompt) - 1:]  # [length, vocab]
+            probs = target_probs(logits.float(), sampling)
+            joint[tokens] = float(torch.prod(probs[torch.arange(length), torch.tensor(tokens)]))
+    return joint
+
+
+@pytest.mark.parametrize("drafter", ["none", "random_trees"])
+def test_sampled_loop_reproduces_target_distribution(drafter):
+    """T > 0 through the whole loop (trees, acceptance, compaction): 3-token outputs follow the target."""
+    from tests.conftest import tiny_model
+
+    model = tiny_model(vocab_size=3, seed=5)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8)  # peaked distributions: a 1.5 vs 1.2 temperature mix-up gives chi2 ~200
+    sampling = Sampling(temperature=1.5)
+    prompt = [0, 1, 2, 1]
+    expected = exact_joint(model, prompt, 3, sampling)
+    generator = torch.Generator().manual_seed(11)
+    draft = NoDraft() if drafter == "none" else RandomTreeDrafter([], 3, seed=2)
+    decoder = Decoder(model, draft, frozenset(), sampling)
+    trials = 3000
+    counts = dict.fromkeys(expected, 0)
+    with torch.inference_mode():
+        for _ in range(trials):
+            counts[tuple(decoder.generate(prompt, 3, generator).output_ids)] += 1
+    chi2 = sum((counts[k] - trials * p) ** 2 / (trials * p) for k, p in expected.items())
+    assert chi2 < 54.05  # 99.9% quantile of chi-square with 26 degrees of freedom

@@ -68,3 +68,21 @@ def test_compaction_equals_recomputation(tiny, kept):
         after = forward_tree(tiny, cache, DraftTree.root_only(next_token)).logits[0]
     committed = prompt + [tree.tokens[i] for i in kept] + [next_token]
     torch.testing.assert_close(after, sequential_logits(tiny, committed)[-1], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_tree_pass_half_precision_sanity(dtype):
+    """Half precision: tree-pass logits stay close to sequential ones (the papers run fp16)."""
+    from tests.conftest import tiny_model
+
+    model = tiny_model(seed=3).to(dtype)
+    rng = random.Random(7)
+    prompt = [rng.randrange(97) for _ in range(10)]
+    tree = random_tree(rng, 5, 12, 97)
+    with torch.inference_mode():
+        cache = new_cache(model)
+        prefill(model, cache, torch.tensor(prompt))
+        out = forward_tree(model, cache, tree)
+    for node in range(len(tree)):
+        expected = sequential_logits(model, prompt + [tree.tokens[i] for i in tree.path_to(node)])[-1]
+        torch.testing.assert_close(out.logits[node], expected, atol=5e-2, rtol=5e-2)

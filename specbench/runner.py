@@ -214,6 +214,7 @@ class Runner:
             "warmup": cfg.warmup,
             "started_at": self.started_at,
             "updated_at": self._now(),
+            "ended_at": None if status == "running" else self._now(),
             "metrics": aggregate(self.store.records),
             "environment": self.environment,
             "config_digest": self.store.digest,

@@ -53,6 +53,7 @@ SUMMARY_FIELDS: dict[str, str] = {
     "n_samples": "samples finished (all turns); n_records: lines in samples.jsonl",
     "warmup": "warm-up generations run before timing (never recorded)",
     "started_at": "ISO time the first writer started; updated_at: time of the last write",
+    "ended_at": "ISO time the latest writer stopped (null while running)",
     "metrics": "aggregates: see specbench.metrics.aggregate",
     "environment": "device, CPU, library versions, dtype, git commit and dirty flag",
     "config_digest": "sha256 of the result-determining config (see runner.config_digest)",

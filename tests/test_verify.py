@@ -86,3 +86,25 @@ def test_tree_pass_half_precision_sanity(dtype):
     for node in range(len(tree)):
         expected = sequential_logits(model, prompt + [tree.tokens[i] for i in tree.path_to(node)])[-1]
         torch.testing.assert_close(out.logits[node], expected, atol=5e-2, rtol=5e-2)
+
+
+def test_hidden_states_are_the_lm_head_inputs(tiny):
+    """Drafters that ask for hidden states (Medusa) get the final-norm output of every tree row."""
+    tree = DraftTree.from_paths(3, [[4, 5], [6]])
+    with torch.inference_mode():
+        cache = new_cache(tiny)
+        prefill(tiny, cache, torch.tensor([1, 2]))
+        out = forward_tree(tiny, cache, tree, want_hidden=True)
+        assert out.hidden.shape == (len(tree), tiny.config.hidden_size)
+        torch.testing.assert_close(tiny.lm_head(out.hidden).float(), out.logits)
+
+
+def test_sliding_window_caches_are_refused_clearly():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from specbench.errors import ConfigError
+
+    config = MistralConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                           num_attention_heads=2, num_key_value_heads=1, sliding_window=8)
+    with pytest.raises(ConfigError, match="full-attention"):
+        new_cache(MistralForCausalLM(config))

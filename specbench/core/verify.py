@@ -6,8 +6,10 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from specbench.core.tree import DraftTree, flatten
+from specbench.errors import ConfigError
 
 
 @dataclass
@@ -20,8 +22,13 @@ class VerifyOutput:
 
 
 def new_cache(model) -> DynamicCache:
-    """An empty KV cache laid out for ``model``."""
-    return DynamicCache(config=model.config)
+    """An empty KV cache laid out for ``model``; only full-attention layers can be compacted row by row."""
+    cache = DynamicCache(config=model.config)
+    unsupported = {type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer}
+    if unsupported:
+        raise ConfigError(f"{model.config.model_type} uses cache layers {sorted(unsupported)} (sliding-window "
+                          f"or recurrent); specbench's tree verifier needs full-attention KV caches")
+    return cache
 
 
 def cache_length(cache: DynamicCache) -> int:

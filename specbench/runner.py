@@ -30,7 +30,7 @@ RUN_ONLY_KEYS = ("limit", "warmup", "output_dir", "data_dir", "force", "progress
 
 def validate(cfg: DictConfig) -> None:
     """Reject impossible run knobs before anything is loaded."""
-    problems = []
+    problems = [f"{key} must be set" for key in sorted(OmegaConf.missing_keys(cfg))]
     if cfg.max_new_tokens is None or cfg.max_new_tokens < 1:
         problems.append(f"max_new_tokens must be >= 1 (got {cfg.max_new_tokens})")
     if cfg.limit is not None and cfg.limit < 1:

@@ -10,7 +10,8 @@ from specbench.errors import ConfigError, ModelUnavailable
 from specbench.models.loading import load_model, resolve_device, resolve_dtype
 from tests.test_config import compose_run, options
 
-PAPER_MODELS = [m for m in options("model") if compose_run(f"model={m}").model.source == "hub"]
+PAPER_MODELS = [m for m in options("model") if compose_run(f"model={m}").model.source == "hub"
+                and not OmegaConf.is_missing(compose_run(f"model={m}").model, "path")]
 
 
 @pytest.fixture
@@ -35,6 +36,14 @@ def test_paper_models_fail_fast_offline_with_advice(no_hub, name):
         load_model(cfg, torch.device("cpu"), torch.float32)
     assert time.time() - start < 10
     assert cfg.path in str(info.value) and "model.path=" in str(info.value)
+
+
+def test_generic_hub_model_needs_a_path(tmp_path):
+    from specbench.runner import validate
+
+    with pytest.raises(ConfigError, match="model.path must be set"):
+        validate(compose_run("model=hub"))
+    assert compose_run("model=hub", "model.path=org/some-model").model.path == "org/some-model"
 
 
 def test_local_path_is_used_directly(tmp_path):

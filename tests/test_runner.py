@@ -160,3 +160,20 @@ def test_every_dataset_runs_end_to_end(tmp_path, shared_data, dataset):
     if dataset in ("mt_bench", "spec_bench"):
         assert [r["turn"] for r in lines] == [0, 1, 0, 1] and lines[0]["category"]
         assert lines[1]["prompt_tokens"] > lines[0]["prompt_tokens"] + lines[0]["new_tokens"]
+
+
+def test_local_weights_through_the_generic_hub_model(tmp_path):
+    """model=hub model.path=DIR: a researcher's own checkpoint on disk, no config file needed."""
+    from transformers import AutoTokenizer
+
+    from specbench.models.embedded import embedded_checkpoint
+    from specbench.models.loading import build_tiny_llama
+
+    weights = tmp_path / "weights"
+    build_tiny_llama(vocab_size=49152, seed=4, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                     num_key_value_heads=1, intermediate_size=64).save_pretrained(weights)
+    AutoTokenizer.from_pretrained(embedded_checkpoint()).save_pretrained(weights)
+    out = run(tmp_path / "out", "model=hub", f"model.path={weights}", "model.name=my_model", "limit=1")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["model"] == "my_model" and summary["model_path"] == str(weights)
+    assert records(out)[0]["new_tokens"] == 12

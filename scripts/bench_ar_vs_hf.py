@@ -13,20 +13,16 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
 
+from specbench.config import compose_config
 from specbench.core.acceptance import Sampling
 from specbench.core.loop import synchronize
 from specbench.data.base import build_dataset
 from specbench.engines import build_engine
 from specbench.environment import device_name, dtype_name
 from specbench.models.loading import load_model, resolve_device, resolve_dtype
-
-CONF = Path(__file__).resolve().parent.parent / "conf"
-
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Command-line options."""
@@ -41,11 +37,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def compose_config(args: argparse.Namespace, method: str):
+def engine_config(args: argparse.Namespace, method: str):
     """The run config for one engine, composed from conf/ like the main app."""
-    overrides = [f"model={args.model}", f"method={method}", f"dataset={args.dataset}"]
-    with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        return compose("config", overrides=overrides)
+    return compose_config(f"model={args.model}", f"method={method}", f"dataset={args.dataset}")
 
 
 def timed(engine, prompt_ids: list[int], max_new_tokens: int, device: torch.device) -> tuple[list[int], float]:
@@ -61,7 +55,7 @@ def timed(engine, prompt_ids: list[int], max_new_tokens: int, device: torch.devi
 def main(argv: list[str] | None = None) -> int:
     """Run both engines on the same prompts and print the comparison."""
     args = parse_args(argv)
-    ar_cfg, hf_cfg = compose_config(args, "ar"), compose_config(args, "hf_generate")
+    ar_cfg, hf_cfg = engine_config(args, "ar"), engine_config(args, "hf_generate")
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     lm = load_model(ar_cfg.model, device, dtype)

@@ -202,7 +202,6 @@ class Runner:
             "model_path": self.lm.path if self.lm else cfg.model.get("path"),
             "method": cfg.method.name,
             "dataset": cfg.dataset.name,
-            "dataset_source": self.dataset.resolved_source,
             "dataset_info": self.dataset_info,
             "prompt_format": self.dataset.format_used(self.lm.tokenizer) if self.lm else None,
             "lossless": bool(cfg.method.lossless),

@@ -42,8 +42,9 @@ SUMMARY_FIELDS: dict[str, str] = {
     "status": "'running', 'complete', 'interrupted' (Ctrl-C) or 'failed' (an error; finished samples kept)",
     "model": "model config name; model_path: Hub id / local dir / tiny spec",
     "method": "method config name",
-    "dataset": "dataset config name; dataset_source: where records came from (local:PATH, package, hub:ID)",
-    "dataset_info": "Dataset.describe(): source, variant (e.g. MBPP full/sanitized), counts, sampler and seed",
+    "dataset": "dataset config name",
+    "dataset_info": "Dataset.describe(): source (local:PATH, package, hub:ID), variant (e.g. MBPP "
+                    "full/sanitized), counts, sampler and seed",
     "prompt_format": "prompt format actually used (chat, raw, vicuna, llama2)",
     "lossless": "whether the method's output distribution equals the target's",
     "hyperparameters": "resolved method node (the drafter's knobs)",

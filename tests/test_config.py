@@ -2,23 +2,12 @@
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
+from specbench.config import compose_config as compose_run
+from specbench.config import group_options as options
 from tests.conftest import ROOT
-
-CONF = ROOT / "conf"
-
-
-def options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
-
-
-def compose_run(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        return compose("config", overrides=list(overrides))
 
 
 def test_defaults_contract():
@@ -42,8 +31,7 @@ def test_every_combination_composes(model, method, dataset):
 
 
 def test_profile_config_composes():
-    with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        cfg = compose("profile", overrides=["model=tiny_llama"])
+    cfg = compose_run("model=tiny_llama", config_name="profile")
     assert cfg.model.name == "tiny_llama"
 
 

@@ -6,9 +6,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from specbench.config import compose_config as compose_run
+from specbench.config import group_options as options
 from specbench.errors import ConfigError, ModelUnavailable
 from specbench.models.loading import load_model, resolve_device, resolve_dtype
-from tests.test_config import compose_run, options
 
 PAPER_MODELS = [m for m in options("model") if compose_run(f"model={m}").model.source == "hub"
                 and not OmegaConf.is_missing(compose_run(f"model={m}").model, "path")]

@@ -1,6 +1,5 @@
 """Every notebook runs top to bottom on the fixture results folder."""
 
-import os
 
 import nbformat
 import pytest

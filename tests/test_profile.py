@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
+from specbench.config import compose_config
 
 from specbench.core.tree import flatten
 from specbench.core.verify import cache_length
@@ -91,8 +91,7 @@ def test_report_shows_ratios_and_critical_length():
 
 def test_config_composes_with_no_output_folders():
     """profile.yaml composes with the shared model group and keeps Hydra out of the cwd."""
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
-        cfg = compose("profile", return_hydra_config=True)
+    cfg = compose_config(config_name="profile", hydra_node=True)
     assert cfg.model.name == "smollm2_135m" and cfg.output_dir == "results/profile/smollm2_135m"
     assert list(cfg.num_tokens) == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512] and cfg.repeats == 5
     assert cfg.hydra.run.dir == "." and cfg.hydra.output_subdir is None

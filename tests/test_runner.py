@@ -9,11 +9,12 @@ import time
 
 import pytest
 
+from specbench.config import compose_config as compose_run
+from specbench.config import group_options
 from specbench.errors import ConfigError, DataUnavailable, RunConflict
 from specbench.runner import Runner
-from specbench.schema import SAMPLE_FIELDS, SUMMARY_FIELDS, validate_record
+from specbench.schema import SUMMARY_FIELDS, validate_record
 from tests.conftest import ROOT
-from tests.test_config import compose_run
 
 TINY = ["model=tiny_llama", "max_new_tokens=12", "warmup=0", "progress=false"]
 
@@ -41,7 +42,7 @@ def test_run_writes_schema_fields(tmp_path):
     assert summary["status"] == "complete" and summary["n_samples"] == 3
     assert summary["metrics"]["tokens_per_step"] == 1.0
     assert summary["environment"]["dtype"] == "float32"
-    assert summary["dataset_source"] == "package" and summary["prompt_format"] == "chat"
+    assert summary["dataset_info"]["source"] == "package" and summary["prompt_format"] == "chat"
     assert (out / "config.yaml").is_file()
 
 
@@ -78,7 +79,7 @@ def test_torn_tail_is_dropped_and_rerun(tmp_path):
 def test_local_data_dir_source(tmp_path, shared_data):
     out = run(tmp_path, "limit=1", data_dir=shared_data)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["dataset_source"] == f"local:{shared_data / 'humaneval.jsonl'}"
+    assert summary["dataset_info"]["source"] == f"local:{shared_data / 'humaneval.jsonl'}"
 
 
 def test_bad_settings_are_rejected_before_loading(tmp_path):
@@ -148,7 +149,7 @@ def test_cli_prints_table_and_user_errors_have_no_traceback(tmp_path):
     assert bad.stderr.startswith("error: invalid run settings") and "Traceback" not in bad.stderr
 
 
-@pytest.mark.parametrize("dataset", sorted(p.stem for p in (ROOT / "conf" / "dataset").glob("*.yaml")))
+@pytest.mark.parametrize("dataset", group_options("dataset"))
 def test_every_dataset_runs_end_to_end(tmp_path, shared_data, dataset):
     """Each dataset through the runner (tiny model, limit=2): one record per turn, categories carried."""
     out = run(tmp_path, f"dataset={dataset}", "limit=2", "max_new_tokens=4", data_dir=shared_data)

@@ -13,29 +13,24 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
-from pathlib import Path
 
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
+from specbench.config import compose_config, group_options
 from specbench.data.base import Dataset, Sample, build_dataset
 from specbench.errors import ConfigError, UserError
 from specbench.models.loading import load_tokenizer
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-
-
 def dataset_names() -> list[str]:
     """Every dataset config in ``conf/dataset``."""
-    return sorted(path.stem for path in (CONF_DIR / "dataset").glob("*.yaml"))
+    return group_options("dataset")
 
 
 def compose_run(dataset: str, *overrides: str) -> DictConfig:
     """The main app's config for ``dataset`` (+ Hydra overrides), composed as ``python -m specbench`` does."""
     if dataset not in dataset_names():
         raise ConfigError(f"unknown dataset {dataset!r}; choose one of {', '.join(dataset_names())}")
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        return compose("config", overrides=[f"dataset={dataset}", *overrides])
+    return compose_config(f"dataset={dataset}", *overrides)
 
 
 def category_counts(samples: list[Sample]) -> str:

@@ -8,8 +8,9 @@ import hydra
 import torch
 from transformers import GenerationConfig
 
-from specbench.core.acceptance import ACCEPTANCE_RULES, Sampling
+from specbench.core.acceptance import Sampling
 from specbench.core.loop import Decoder, Generation, synchronize
+from specbench.core.rules import acceptance_rule
 from specbench.errors import ConfigError
 from specbench.models.loading import LoadedModel
 
@@ -59,7 +60,7 @@ class HFGenerate:
             hook.remove()
         output = out[0, len(prompt_ids):].tolist()
         stop = "eos" if output and output[-1] in (config.eos_token_id or []) else "max_new_tokens"
-        return Generation(output, forward_ends[0] - start, len(forward_ends) - 1, stop, None, None, None)
+        return Generation(output, forward_ends[0] - start, len(forward_ends) - 1, stop, None, None, None, None)
 
 
 def build_engine(method_cfg, lm: LoadedModel, sampling: Sampling):
@@ -68,9 +69,7 @@ def build_engine(method_cfg, lm: LoadedModel, sampling: Sampling):
         raise ConfigError(f"method.engine must be one of {ENGINES}; got {method_cfg.engine!r}")
     if method_cfg.engine == "hf_generate":
         return HFGenerate(lm.model, lm.eos_ids, sampling, dict(method_cfg.get("generate_kwargs") or {}))
-    rule = method_cfg.get("acceptance", "match")
-    if rule not in ACCEPTANCE_RULES:
-        raise ConfigError(f"method.acceptance must be one of {sorted(ACCEPTANCE_RULES)}; got {rule!r}")
+    accept_fn = acceptance_rule(method_cfg.get("acceptance", "match"), method_cfg.get("acceptance_kwargs"))
     drafter = hydra.utils.instantiate(method_cfg.drafter)
     drafter.setup(lm.model, lm.tokenizer)
-    return Decoder(lm.model, drafter, lm.eos_ids, sampling, ACCEPTANCE_RULES[rule])
+    return Decoder(lm.model, drafter, lm.eos_ids, sampling, accept_fn)

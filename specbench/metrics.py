@@ -26,6 +26,8 @@ def aggregate(records: Iterable[dict]) -> dict:
     step_tokens = sum(r["new_tokens"] - 1 for r in records if r["new_tokens"] > 0)
     drafted = sum(sum(r["draft_tokens"]) for r in records if r.get("draft_tokens") is not None)
     stepped = [r for r in records if r.get("step_s") is not None]
+    timed = [r for r in records if r.get("verify_s") is not None]
+    timed_step_s = sum(sum(r["step_s"]) for r in timed)
     per_sample = [r["new_tokens"] / r["wall_s"] for r in records if r["wall_s"] > 0]
     tokens_per_step = _ratio(step_tokens, steps)
     return {
@@ -42,4 +44,5 @@ def aggregate(records: Iterable[dict]) -> dict:
         "draft_efficiency": _ratio(step_tokens - steps, drafted) if drafted else None,
         "step_latency_s": _ratio(sum(sum(r["step_s"]) for r in stepped),
                                  sum(r["target_forwards"] for r in stepped)),
+        "outside_forward_share": _ratio(timed_step_s - sum(sum(r["verify_s"]) for r in timed), timed_step_s),
     }

@@ -34,8 +34,8 @@ SAMPLE_KEY = ["sample_id", "turn"]
 AR_SIDE = ["run_dir", "new_tokens", "wall_s", "output_ids"]
 TABLE_COLUMNS = ["run_dir", "model", "method", "dataset", "temperature", "n_samples",
                  "throughput_total", "throughput_mean", "tokens_per_step", "accepted_per_step",
-                 "draft_efficiency", "step_latency_s", "n_common", "speedup", "speedup_mean",
-                 "exact_match_rate"]
+                 "draft_efficiency", "step_latency_s", "outside_forward_share", "n_common", "overhead",
+                 "speedup", "speedup_mean", "exact_match_rate"]
 DIVERGENCE_COLUMNS = ["run_dir", "ar_run_dir", "method", "dataset", "sample_id", "turn",
                       "new_tokens", "ar_new_tokens", "exact_match", "first_divergence"]
 # Short headers so a full table fits a terminal; the CSV keeps the full column names.
@@ -43,6 +43,7 @@ DISPLAY_NAMES = {"run_dir": "run", "ar_run_dir": "ar_run", "temperature": "temp"
                  "throughput_total": "tok/s", "throughput_mean": "tok/s_mean",
                  "tokens_per_step": "tok/step", "accepted_per_step": "acc/step",
                  "draft_efficiency": "draft_eff", "step_latency_s": "step_ms",
+                 "outside_forward_share": "outside_fwd",
                  "exact_match_rate": "exact", "first_divergence": "diverges_at"}
 
 
@@ -225,10 +226,16 @@ def _samples_of(runs: pd.DataFrame, samples: pd.DataFrame | None) -> pd.DataFram
 
 
 def match_ar(runs: pd.DataFrame, samples: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Runs plus ar_run_dir, n_common, speedup, speedup_mean, exact_match_rate vs AR (NaN: none)."""
+    """Runs plus ar_run_dir, overhead, n_common, speedup, speedup_mean, exact_match_rate vs AR (NaN: none).
+
+    Overhead (Medusa's term) = step latency / the AR run's step latency, so speedup ~ tokens per
+    step / overhead.
+    """
     partners = _ar_partners(runs)
     pairs = _paired_samples(_samples_of(runs, samples), partners)
+    ar_step = runs.set_index("run_dir")["step_latency_s"]
     matched = runs.assign(ar_run_dir=runs["run_dir"].map(partners))
+    matched = matched.assign(overhead=matched["step_latency_s"] / matched["ar_run_dir"].map(ar_step))
     matched = matched.merge(_agreement(pairs), left_on="run_dir", right_index=True, how="left")
     return matched.fillna({"n_common": 0}).astype({"n_common": int})
 

@@ -186,6 +186,7 @@ class Runner:
             "accept_lengths": gen.accept_lengths,
             "draft_tokens": gen.draft_tokens,
             "step_s": None if gen.step_s is None else [round(s, 6) for s in gen.step_s],
+            "verify_s": None if gen.verify_s is None else [round(s, 6) for s in gen.verify_s],
             "stop_reason": gen.stop_reason,
             "drafter_stats": self.engine.stats(),
         }

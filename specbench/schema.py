@@ -32,6 +32,8 @@ SAMPLE_FIELDS: dict[str, str] = {
     "accept_lengths": "tokens emitted per step, bonus/correction included (null for hf_generate)",
     "draft_tokens": "drafted nodes verified per step, root excluded (null for hf_generate)",
     "step_s": "wall time per step (null for hf_generate)",
+    "verify_s": "wall time of the target verify forward per step; step_s - verify_s is the method's "
+                "overhead (drafting, acceptance, cache bookkeeping); null for hf_generate",
     "stop_reason": "'eos' or 'max_new_tokens'",
     "drafter_stats": "the drafter's stats() after this turn (pool sizes, hit rates, ...)",
 }

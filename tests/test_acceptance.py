@@ -1,5 +1,6 @@
 """Acceptance rules: greedy walks, exactness of sample-and-match, the top-p warper."""
 
+import pytest
 import torch
 
 from specbench.core.acceptance import Sampling, accept_match, target_probs
@@ -55,3 +56,14 @@ def test_sample_and_match_reproduces_target_distribution():
     assert chi2 < 16.3  # 99.9% quantile of chi-square with 3 degrees of freedom
     accepted_two = accept_match(tree, logits, sampling, torch.Generator().manual_seed(1))
     assert len(accepted_two.emitted(tree)) in (1, 2)
+
+
+def test_acceptance_rule_binds_kwargs_and_rejects_unknown_ones():
+    """method.acceptance / acceptance_kwargs resolve to a callable or a one-line ConfigError."""
+    from specbench.core.rules import acceptance_rule
+    from specbench.errors import ConfigError
+    assert acceptance_rule("match") is accept_match
+    with pytest.raises(ConfigError, match="must be one of"):
+        acceptance_rule("nope")
+    with pytest.raises(ConfigError, match="not accepted by rule 'match'"):
+        acceptance_rule("match", {"epsilon": 0.1})

@@ -79,6 +79,7 @@ def test_metrics_are_recomputed_from_samples():
     assert fake["draft_efficiency"] == pytest.approx((14 - 5) / (4 + 6 + 3 + 5))
     assert fake["step_latency_s"] == pytest.approx(0.45 / 5)
     assert fake["tokens_per_forward"] == pytest.approx(18 / (5 + 4))
+    assert fake["outside_forward_share"] == pytest.approx(0.2)  # fixture verify_s = 0.8 * step_s
     ar = _row(runs, "ar_humaneval")
     assert ar["throughput_total"] == pytest.approx(12 / 1.2)
     assert ar["tokens_per_step"] == 1.0 and ar["accepted_per_step"] == 0.0
@@ -86,6 +87,13 @@ def test_metrics_are_recomputed_from_samples():
     turns = _row(runs, "fake_mtbench")
     assert turns["tokens_per_step"] == pytest.approx(1.5)
     assert turns["draft_efficiency"] == pytest.approx(0.25)
+
+
+def test_overhead_is_step_latency_over_ar_step_latency():
+    """Medusa's overhead: the run's mean step latency over its AR baseline's (0.09 s / 0.1 s)."""
+    matched = report.match_ar(report.load_runs([RUNS]))
+    assert _row(matched, "fake_humaneval")["overhead"] == pytest.approx(0.09 / 0.1)
+    assert _row(matched, "ar_humaneval")["overhead"] == pytest.approx(1.0)
 
 
 def test_speedup_is_computed_on_common_samples_only():

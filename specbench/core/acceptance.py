@@ -81,7 +81,3 @@ def accept_match(tree: DraftTree, logits: torch.Tensor, sampling: Sampling,
             return Acceptance(path, token)
         node = match
         path.append(node)
-
-
-ACCEPTANCE_RULES = {"match": accept_match}
-"""Acceptance rules by config name (``method.acceptance``); later rules register here."""

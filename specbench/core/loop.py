@@ -28,6 +28,7 @@ class Generation:
     accept_lengths: list[int] | None = field(default_factory=list)  # tokens emitted per step
     draft_tokens: list[int] | None = field(default_factory=list)  # drafted nodes verified per step
     step_s: list[float] | None = field(default_factory=list)  # wall time per step
+    verify_s: list[float] | None = field(default_factory=list)  # target verify forward per step
 
 
 def synchronize(device: torch.device) -> None:
@@ -78,13 +79,14 @@ class Decoder:
             remaining = max_new_tokens - len(gen.output_ids)
             step_start = time.perf_counter()
             ctx = DecodeContext(tokens, len(prompt_ids), remaining, gen.target_forwards, generator)
-            emitted, drafted = self._step(ctx, cache)
+            emitted, drafted, verify_s = self._step(ctx, cache)
             emitted, stop = clip_emitted(emitted, self.eos_ids, remaining)
             tokens.extend(emitted)
             gen.output_ids.extend(emitted)
             gen.target_forwards += 1
             gen.accept_lengths.append(len(emitted))
             gen.draft_tokens.append(drafted)
+            gen.verify_s.append(verify_s)
             synchronize(device)
             gen.step_s.append(time.perf_counter() - step_start)
         gen.stop_reason = stop
@@ -94,15 +96,24 @@ class Decoder:
         """The drafter's internals after the latest generation."""
         return self.drafter.stats()
 
-    def _step(self, ctx: DecodeContext, cache) -> tuple[list[int], int]:
-        """One propose -> verify -> accept -> compact -> observe; returns (emitted tokens, drafted nodes)."""
+    def _step(self, ctx: DecodeContext, cache) -> tuple[list[int], int, float]:
+        """One propose -> verify -> accept -> compact -> observe.
+
+        Returns (emitted tokens, drafted nodes, seconds in the target verify forward); the rest of
+        the step's time is the method's overhead (drafting, acceptance, bookkeeping).
+        """
         tree = self.drafter.propose(ctx)
         if tree.tokens[0] != ctx.root:
             raise RuntimeError(f"{type(self.drafter).__name__} proposed a tree whose root is not the last token")
         tree = tree.pruned(ctx.remaining - 1)  # deeper nodes could never be emitted
         past_len = ctx.position
+        device = self.model.device
+        synchronize(device)
+        verify_start = time.perf_counter()
         verified = forward_tree(self.model, cache, tree, self.drafter.wants_hidden)
+        synchronize(device)
+        verify_s = time.perf_counter() - verify_start
         accepted = self.accept_fn(tree, verified.logits, self.sampling, ctx.generator)
         compact_cache(cache, past_len, accepted.path)
         self.drafter.observe(ctx, tree, verified, accepted)
-        return accepted.emitted(tree), tree.num_drafted
+        return accepted.emitted(tree), tree.num_drafted, verify_s

@@ -23,7 +23,7 @@ test: install  ## the whole test suite
 	$(PY) -m pytest -q
 
 bench-ar: install  ## specbench AR vs HF generate greedy throughput on the same prompts, one process
-	$(PY) scripts/bench_ar_vs_hf.py
+	$(PY) -m specbench.bench ar_vs_hf
 
 profile: install  ## forward latency vs tokens per pass on the embedded model (CSV + PNG)
 	$(PY) -m specbench.profile

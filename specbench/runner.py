@@ -102,11 +102,11 @@ class Runner:
             print(f"[specbench] resuming {self.store.dir}: {len(self.samples) - len(pending)} "
                   f"sample(s) already done, {len(pending)} to go")
         self.lm = load_model(self.cfg.model, self.device, self.dtype)
-        self.engine = build_engine(self.cfg.method, self.lm, self.sampling)
         status = "failed"
         try:
             if pending:
                 self._warm_up(pending[0])
+            self.engine = build_engine(self.cfg.method, self.lm, self.sampling)
             self._run_samples(pending)
             status = "complete"
         except KeyboardInterrupt:
@@ -117,12 +117,19 @@ class Runner:
         return self.store.dir
 
     def _warm_up(self, sample: Sample) -> None:
-        """Untimed generations on the first pending sample (kernels, allocator, caches)."""
+        """Untimed generations on the first pending sample (kernels, allocator, caches).
+
+        NOTE: they run on a throwaway engine, so drafters that learn across requests (tries,
+        context caches) start the timed run without the warm-up's output in their memory.
+        """
+        if not self.cfg.warmup:
+            return
+        engine = build_engine(self.cfg.method, self.lm, self.sampling)
         prompt_ids = self._prompt(sample, [])
         for _ in range(self.cfg.warmup):
             with torch.inference_mode():
-                self.engine.generate(prompt_ids, self.cfg.max_new_tokens,
-                                     sample_generator(self.cfg.seed, sample.sample_id))
+                engine.generate(prompt_ids, self.cfg.max_new_tokens,
+                                sample_generator(self.cfg.seed, sample.sample_id))
 
     def _run_samples(self, pending: list[Sample]) -> None:
         """Time each pending sample, append its records, refresh the summary; tqdm shows tokens/s."""

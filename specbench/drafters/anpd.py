@@ -1,0 +1,35 @@
+"""ANPD (Ou et al.): drafts from an adaptive multi-level n-gram model of the current context."""
+
+from __future__ import annotations
+
+from specbench.drafters.ngram_chain import NgramChainDrafter
+from specbench.errors import ConfigError
+from specbench.structures.ngram import MultiLevelNgram
+
+ON_MISS = ("stop", "pad")
+
+
+class ANPD(NgramChainDrafter):
+    """Adaptive N-gram Parallel Decoding: K iterated MLN queries form one chain, verified in one forward.
+
+    The MLN (n = 2..N) starts from the prompt and learns every committed token. When no level knows
+    the context, ``on_miss="stop"`` ends the draft there (the paper returns NULL); ``"pad"`` fills the
+    slot with ``pad_id`` and keeps drafting, as the official class does with its dummy id "1".
+    """
+
+    def __init__(self, max_ngram_size: int = 5, draft_len: int = 7, multi_level: bool = True,
+                 on_miss: str = "stop", pad_id: int = 1):
+        if on_miss not in ON_MISS:
+            raise ConfigError(f"method.drafter.on_miss must be one of {ON_MISS}, got {on_miss!r}")
+        self.max_ngram_size = max_ngram_size
+        self.multi_level = bool(multi_level)
+        self.pad = pad_id if on_miss == "pad" else None
+        super().__init__(draft_len, "draft_len")
+
+    def new_table(self) -> MultiLevelNgram:
+        """An empty MLN with levels N..2 (or N alone)."""
+        return MultiLevelNgram(self.max_ngram_size, self.multi_level)
+
+    def draft(self, k: int) -> list[int]:
+        """K iterated queries on the committed tokens + the draft so far."""
+        return self.table.chain(k, self.pad)

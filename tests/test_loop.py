@@ -11,6 +11,7 @@ from specbench.core.tree import DraftTree
 from specbench.drafters.ar import NoDraft
 from specbench.drafters.base import Drafter
 from specbench.errors import ConfigError
+from tests.helpers import exact_joint
 
 
 def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos: int | None = None) -> list[int]:
@@ -120,22 +121,6 @@ def test_ar_equals_hf_generate_embedded(embedded):
                                          tokenize=True)["input_ids"]
         gen = ar_greedy(embedded.model, prompt, 48, embedded.eos_ids)
         assert gen.output_ids == hf_greedy(embedded.model, prompt, 48, eos=eos)
-
-
-def exact_joint(model, prompt: list[int], length: int, sampling: Sampling) -> dict[tuple, float]:
-    """The target's probability of every continuation of ``length`` tokens (small vocabularies only)."""
-    from itertools import product
-
-    from specbench.core.acceptance import target_probs
-
-    vocab = model.config.vocab_size
-    joint = {}
-    with torch.inference_mode():
-        for tokens in product(range(vocab), repeat=length):
-            logits = model(torch.tensor([prompt + list(tokens[:-1])])).logits[0, len(prompt) - 1:]  # [length, vocab]
-            probs = target_probs(logits.float(), sampling)
-            joint[tokens] = float(torch.prod(probs[torch.arange(length), torch.tensor(tokens)]))
-    return joint
 
 
 @pytest.mark.parametrize("drafter", ["none", "random_trees"])

@@ -10,10 +10,14 @@ import functools
 import inspect
 
 from specbench.core.acceptance import accept_match
+from specbench.core.speculative import accept_speculative
+from specbench.core.typical import accept_typical
 from specbench.errors import ConfigError
 
 ACCEPTANCE_RULES = {
     "match": accept_match,
+    "speculative": accept_speculative,
+    "typical": accept_typical,
 }
 
 

@@ -1,0 +1,66 @@
+"""Helpers shared by tests: exact target joints, chi-square goodness of fit, draws without replacement."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from specbench.core.acceptance import Sampling, target_probs
+
+
+def exact_joint(model, prompt: list[int], length: int, sampling: Sampling) -> dict[tuple, float]:
+    """The target's probability of every continuation of ``length`` tokens (small vocabularies only)."""
+    from itertools import product
+
+    vocab = model.config.vocab_size
+    joint = {}
+    with torch.inference_mode():
+        for tokens in product(range(vocab), repeat=length):
+            logits = model(torch.tensor([prompt + list(tokens[:-1])])).logits[0, len(prompt) - 1:]  # [length, vocab]
+            probs = target_probs(logits.float(), sampling)
+            joint[tokens] = float(torch.prod(probs[torch.arange(length), torch.tensor(tokens)]))
+    return joint
+
+
+def chi_square(counts: dict, expected: dict[tuple, float], min_expected: float = 5.0) -> tuple[float, int, float]:
+    """Pearson chi-square of ``counts`` against probabilities ``expected``: (statistic, dof, p-value).
+
+    Cells expected below ``min_expected`` draws are pooled into one cell (so the chi-square law holds);
+    an observed outcome of probability 0 gives an infinite statistic. The p-value uses the
+    Wilson-Hilferty normal approximation (good to ~10% relative at p = 1e-3 for dof >= 3).
+    """
+    trials = sum(counts.values())
+    if any(count and expected.get(key, 0.0) == 0.0 for key, count in counts.items()):
+        return math.inf, 0, 0.0
+    stat, pooled_count, pooled_expected, cells = 0.0, 0, 0.0, 0
+    for key, prob in expected.items():
+        mean = trials * prob
+        if mean < min_expected:
+            pooled_count += counts.get(key, 0)
+            pooled_expected += mean
+            continue
+        stat += (counts.get(key, 0) - mean) ** 2 / mean
+        cells += 1
+    if pooled_expected > 0:
+        stat += (pooled_count - pooled_expected) ** 2 / pooled_expected
+        cells += 1
+    dof = cells - 1
+    return stat, dof, chi_square_sf(stat, dof)
+
+
+def chi_square_sf(stat: float, dof: int) -> float:
+    """P(X >= stat) for X ~ chi-square(dof), by the Wilson-Hilferty cube-root normal approximation."""
+    scale = 2.0 / (9.0 * dof)
+    z = ((stat / dof) ** (1.0 / 3.0) - (1.0 - scale)) / math.sqrt(scale)
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
+def draw_without_replacement(probs: torch.Tensor, k: int, generator: torch.Generator) -> list[int]:
+    """Up to ``k`` tokens drawn one after another from ``probs`` [vocab], each from the rest renormalised.
+
+    torch.multinomial without replacement is an exponential race (Gumbel-top-k), whose sorted order
+    has exactly this sequential law; fewer than ``k`` come back when the support is smaller.
+    """
+    k = min(k, int((probs > 0).sum()))
+    return torch.multinomial(probs, k, replacement=False, generator=generator).tolist()

@@ -67,3 +67,5 @@ def test_acceptance_rule_binds_kwargs_and_rejects_unknown_ones():
         acceptance_rule("nope")
     with pytest.raises(ConfigError, match="not accepted by rule 'match'"):
         acceptance_rule("match", {"epsilon": 0.1})
+    with pytest.raises(ConfigError, match="posterior_threshold"):
+        acceptance_rule("typical", {"posterior_threshold": 2.0})  # caught at startup, not at step 1

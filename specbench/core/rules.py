@@ -11,7 +11,7 @@ import inspect
 
 from specbench.core.acceptance import accept_match
 from specbench.core.speculative import accept_speculative
-from specbench.core.typical import accept_typical
+from specbench.core.typical import accept_typical, check_typical_kwargs
 from specbench.errors import ConfigError
 
 ACCEPTANCE_RULES = {
@@ -19,6 +19,11 @@ ACCEPTANCE_RULES = {
     "speculative": accept_speculative,
     "typical": accept_typical,
 }
+
+KWARG_CHECKS = {
+    "typical": check_typical_kwargs,
+}
+"""Per-rule validation of the bound keyword arguments (defaults filled in), run once at startup."""
 
 
 def acceptance_rule(name: str, kwargs: dict | None = None):
@@ -33,4 +38,8 @@ def acceptance_rule(name: str, kwargs: dict | None = None):
     if unknown:
         raise ConfigError(f"method.acceptance_kwargs {unknown} not accepted by rule {name!r}; "
                           f"it takes {allowed or 'no keyword arguments'}")
+    if name in KWARG_CHECKS:
+        bound = inspect.signature(rule).bind_partial(**kwargs)
+        bound.apply_defaults()
+        KWARG_CHECKS[name](**{key: value for key, value in bound.arguments.items() if key not in fixed})
     return functools.partial(rule, **kwargs) if kwargs else rule

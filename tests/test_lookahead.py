@@ -1,0 +1,150 @@
+"""Lookahead drafter: greedy output equals AR (tiny and embedded models), all draft modes, warm-up."""
+
+import pytest
+import torch
+
+from specbench.core.acceptance import Sampling
+from specbench.core.loop import Decoder
+from specbench.drafters.ar import NoDraft
+from specbench.drafters.lookahead import MODES, Lookahead, warmup_answer_ids
+from specbench.errors import ConfigError
+from tests.test_loop import ar_greedy
+
+PROMPT = [5, 6, 7, 8, 9, 10] * 4
+
+
+def generate(model, drafter, prompt, max_new_tokens, eos_ids=frozenset(), sampling=Sampling(), seed=None):
+    generator = torch.Generator().manual_seed(seed) if seed is not None else None
+    with torch.inference_mode():
+        return Decoder(model, drafter, eos_ids, sampling).generate(prompt, max_new_tokens, generator)
+
+
+def lookahead(mode, **kwargs):
+    drafter = Lookahead(mode=mode, **{"decoding_length": 16, "branch_length": 6, **kwargs})
+    drafter.setup(None, None)
+    return drafter
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_greedy_equals_ar_and_memory_learns_across_requests(tiny, mode):
+    truth = ar_greedy(tiny, PROMPT, 60).output_ids
+    drafter = lookahead(mode)
+    first = generate(tiny, drafter, PROMPT, 60)
+    assert first.output_ids == truth
+    assert max(first.accept_lengths) > 1  # the output repeats itself: its own branches get accepted
+    second = generate(tiny, drafter, PROMPT, 60)  # the first answer is now in the output memory
+    assert second.output_ids == truth
+    assert second.target_forwards < first.target_forwards
+    stats = drafter.stats()
+    assert stats["steps"] == second.target_forwards and stats["hit_rate"] > 0.5
+    assert stats["output_nodes"] > 0 and stats["input_nodes"] > 0 and stats["draft_s"] > 0
+    assert stats["nodes_per_step"] <= 15 and stats["depth_per_step"] <= 6
+    if mode == "single":
+        assert second.draft_tokens and max(second.draft_tokens) <= 6
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_eos_inside_a_draft_and_budget_cut(tiny, mode):
+    truth = ar_greedy(tiny, PROMPT, 60).output_ids
+    stop = next(i for i, token in enumerate(truth) if i >= 8 and truth.index(token) == i)
+    eos = truth[stop]  # a token first produced late in the answer
+    drafter = lookahead(mode)
+    generate(tiny, drafter, PROMPT, 60)  # learn the full answer
+    gen = generate(tiny, drafter, PROMPT, 60, frozenset({eos}))
+    assert gen.output_ids == truth[: stop + 1] and gen.stop_reason == "eos"
+    assert gen.accept_lengths[-1] > 1  # the EOS came inside an accepted draft
+    cut = generate(tiny, drafter, PROMPT, 9)
+    assert cut.output_ids == truth[:9] and cut.stop_reason == "max_new_tokens"
+    assert max(cut.accept_lengths) > 1
+
+
+def test_sampling_through_the_loop_matches_ar_draws(tiny):
+    sampling = Sampling(temperature=0.7, top_p=0.95)
+    reference = generate(tiny, NoDraft(), PROMPT, 40, sampling=sampling, seed=3).output_ids
+    drafter = lookahead("hierarchical")
+    for _ in range(2):  # sample-and-match draws one target sample per emitted token, like AR
+        assert generate(tiny, drafter, PROMPT, 40, sampling=sampling, seed=3).output_ids == reference
+
+
+def test_prompt_branches_are_drafted_and_eliminated_at_the_next_request(tiny):
+    drafter = lookahead("hierarchical", branch_length=4)
+    drafter.reset([1, 2, 3, 4, 5, 6])
+    assert drafter.memory.sizes()["input_nodes"] > 0
+    drafter.reset([9, 9])
+    assert drafter.memory.match([2, 3]) is None  # the first prompt's branches are gone
+    assert drafter.memory.match([9, 9]) is not None
+
+
+def test_branch_length_zero_and_decoding_length_one_mean_no_draft(tiny):
+    truth = ar_greedy(tiny, PROMPT, 20).output_ids
+    for kwargs in ({"branch_length": 0}, {"decoding_length": 1}):
+        drafter = lookahead("hierarchical", **kwargs)
+        generate(tiny, drafter, PROMPT, 20)
+        gen = generate(tiny, drafter, PROMPT, 20)
+        assert gen.output_ids == truth and set(gen.draft_tokens) == {0}
+
+
+@pytest.mark.parametrize("kwargs,key", [({"decoding_length": 0}, "decoding_length"),
+                                        ({"branch_length": -1}, "branch_length"),
+                                        ({"mode": "tree"}, "mode"),
+                                        ({"output_weight": 1.5}, "output_weight"),
+                                        ({"max_query_length": 0}, "max_query_length")])
+def test_bad_settings_name_the_key(kwargs, key):
+    with pytest.raises(ConfigError, match=key):
+        Lookahead(**kwargs)
+
+
+class WordTokenizer:
+    """A whitespace tokenizer with the HF batch-call shape (enough for warm-up)."""
+
+    eos_token_id = 0
+
+    def __init__(self):
+        self.vocab = {}
+
+    def __call__(self, texts, add_special_tokens=True):
+        return {"input_ids": [[self.vocab.setdefault(w, len(self.vocab) + 1) for w in t.split()] for t in texts]}
+
+
+def test_warmup_inserts_dev_answers_as_output_branches(shared_data):
+    tokenizer = WordTokenizer()
+    spec = {"dataset": "dolly", "limit": 3, "data_dir": str(shared_data)}
+    ids = warmup_answer_ids(spec, tokenizer)
+    assert len(ids) == 3 and all(seq[-1] == 0 for seq in ids)
+    drafter = Lookahead(warmup=spec)
+    drafter.setup(None, tokenizer)
+    sizes = drafter.stats()
+    assert sizes["warmup_answers"] == 3 and sizes["output_nodes"] > 0 and sizes["input_nodes"] == 0
+    draft = drafter.memory.retrieve(ids[0][:2], 64, 12)
+    assert draft.tokens[1:4] == ids[0][2:5]
+    assert warmup_answer_ids({"dataset": None}, tokenizer) == []
+    with pytest.raises(ConfigError, match="no dev split"):
+        warmup_answer_ids({"dataset": "humaneval", "data_dir": str(shared_data)}, tokenizer)
+    with pytest.raises(ConfigError, match="not a dataset config"):
+        warmup_answer_ids({"dataset": "nope"}, tokenizer)
+    with pytest.raises(ConfigError, match="unknown keys"):
+        warmup_answer_ids({"datasets": "dolly"}, tokenizer)
+
+
+@pytest.mark.slow
+def test_embedded_greedy_equals_ar_in_every_mode(embedded):
+    tok = embedded.tokenizer
+    questions = ["Write a Python function add(a, b) that returns a + b, then call it on 2 and 3.",
+                 "What is the capital of France? Answer in one word.",  # stops with EOS after 8 tokens
+                 "Repeat this list exactly, twice: red apple, green pear, yellow lemon, blue plum."]
+    prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                       tokenize=True)["input_ids"] for q in questions]
+    truths = [ar_greedy(embedded.model, p, 40, embedded.eos_ids) for p in prompts]
+    assert truths[1].stop_reason == "eos"
+    for mode in MODES:
+        drafter = Lookahead(decoding_length=16, branch_length=8, mode=mode)
+        drafter.setup(embedded.model, tok)
+        for prompt, truth in zip(prompts if mode == "hierarchical" else prompts[:2], truths):
+            assert generate(embedded.model, drafter, prompt, 40, embedded.eos_ids).output_ids == truth.output_ids
+        again = generate(embedded.model, drafter, prompts[0], 40, embedded.eos_ids)  # learned: long drafts
+        assert again.output_ids == truths[0].output_ids and max(again.accept_lengths) > 4
+        cut = generate(embedded.model, drafter, prompts[0], 13, embedded.eos_ids)  # budget inside a draft
+        assert cut.output_ids == truths[0].output_ids[:13] and max(cut.accept_lengths) > 1
+        eos = generate(embedded.model, drafter, prompts[1], 40, embedded.eos_ids)  # EOS inside a draft
+        assert eos.output_ids == truths[1].output_ids and eos.stop_reason == "eos"
+        assert eos.accept_lengths[-1] > 1, mode

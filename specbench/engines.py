@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import time
 
 import hydra
@@ -11,6 +12,7 @@ from transformers import GenerationConfig
 from specbench.core.acceptance import Sampling
 from specbench.core.loop import Decoder, Generation, synchronize
 from specbench.core.rules import acceptance_rule
+from specbench.drafters.draft_model import load_draft, vocab_width
 from specbench.errors import ConfigError
 from specbench.models.loading import LoadedModel
 
@@ -20,8 +22,10 @@ ENGINES = ("loop", "hf_generate")
 class HFGenerate:
     """transformers' ``generate`` on the same prompts; forwards are counted with a hook."""
 
-    def __init__(self, model, eos_ids: frozenset[int], sampling: Sampling, generate_kwargs: dict):
+    def __init__(self, model, eos_ids: frozenset[int], sampling: Sampling, generate_kwargs: dict,
+                 call_kwargs: dict | None = None):
         self.model = model
+        self.call_kwargs = call_kwargs or {}  # generate() arguments that are not GenerationConfig fields
         self.settings = dict(
             do_sample=not sampling.greedy,
             temperature=sampling.temperature if not sampling.greedy else None,
@@ -54,7 +58,8 @@ class HFGenerate:
             synchronize(device)
             start = time.perf_counter()
             config = GenerationConfig(max_new_tokens=max_new_tokens, **self.settings)
-            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
+                                      **self.call_kwargs)
             synchronize(device)
         finally:
             hook.remove()
@@ -63,12 +68,33 @@ class HFGenerate:
         return Generation(output, forward_ends[0] - start, len(forward_ends) - 1, stop, None, None, None, None)
 
 
+def hf_assistant(assistant_cfg, lm: LoadedModel) -> dict:
+    """generate() arguments for HF assisted generation with ``method.assistant.draft`` as the assistant.
+
+    transformers reads num_assistant_tokens & co. from the ASSISTANT's generation config, so the other
+    ``method.assistant`` keys are set there. A draft with another vocabulary size goes with both
+    tokenizers (HF refuses it otherwise).
+    """
+    settings = {key: value for key, value in assistant_cfg.items() if key != "draft"}
+    draft = load_draft(assistant_cfg.get("draft"), lm.name, lm.model, lm.tokenizer)
+    model = copy.deepcopy(draft.model) if draft.model is lm.model else draft.model  # own forwards, own hook count
+    unknown = model.generation_config.update(**settings)
+    if unknown:
+        raise ConfigError(f"method.assistant keys {sorted(unknown)} are not generation-config fields")
+    kwargs = {"assistant_model": model}
+    if vocab_width(model) != vocab_width(lm.model):
+        kwargs.update(tokenizer=lm.tokenizer, assistant_tokenizer=draft.tokenizer)
+    return kwargs
+
+
 def build_engine(method_cfg, lm: LoadedModel, sampling: Sampling):
     """The object whose ``generate(prompt_ids, max_new_tokens, generator)`` the runner times."""
     if method_cfg.engine not in ENGINES:
         raise ConfigError(f"method.engine must be one of {ENGINES}; got {method_cfg.engine!r}")
     if method_cfg.engine == "hf_generate":
-        return HFGenerate(lm.model, lm.eos_ids, sampling, dict(method_cfg.get("generate_kwargs") or {}))
+        assistant = method_cfg.get("assistant")
+        return HFGenerate(lm.model, lm.eos_ids, sampling, dict(method_cfg.get("generate_kwargs") or {}),
+                          hf_assistant(assistant, lm) if assistant is not None else None)
     accept_fn = acceptance_rule(method_cfg.get("acceptance", "match"), method_cfg.get("acceptance_kwargs"))
     drafter = hydra.utils.instantiate(method_cfg.drafter)
     drafter.setup(lm.model, lm.tokenizer)

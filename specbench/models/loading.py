@@ -60,6 +60,18 @@ def _from_pretrained(loader, path: str, **kwargs):
         return loader.from_pretrained(path, **kwargs)
 
 
+def load_pretrained(path: str, dtype: torch.dtype, revision: str | None = None) -> tuple[torch.nn.Module, object | None]:
+    """A causal LM and its tokenizer (None if it ships none) from a dir, the HF cache or the Hub (drafts)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = _from_pretrained(AutoModelForCausalLM, path, revision=revision, dtype=dtype)
+    try:
+        tokenizer = _from_pretrained(AutoTokenizer, path, revision=revision)
+    except (OSError, ValueError):
+        tokenizer = None
+    return model.eval(), tokenizer
+
+
 def build_tiny_llama(vocab_size: int, seed: int, **arch) -> torch.nn.Module:
     """A small random Llama built from a config in code (unit tests, smoke runs)."""
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -1,0 +1,344 @@
+"""Draft-model machinery shared by SpeDe, OPT-Tree and the fixed-tree baselines.
+
+- ``load_draft``: the draft named by a model config's ``draft`` node (``conf/model/*.yaml``), on the
+  target's device and dtype, checked to share the target's tokenizer.
+- ``DraftLM``: the draft model with its OWN KV cache. After each step the cache holds a prefix of
+  the committed tokens without the new root (the target's correction/bonus token, never drafted).
+  ``sync`` catches up lazily from ``ctx.tokens`` (crop to the shared prefix, feed the rest); chains
+  grow with ``extend``; trees grow one layer per forward with ``tree_layer`` (each row sees the
+  committed prefix and its own ancestors); ``rollback`` / ``keep_tree_rows`` drop what the target
+  rejected and keep the accepted rows, so they are not fed again.
+- ``DraftModelDrafter``: the Drafter base that loads the draft in ``setup``, times propose/observe
+  (``draft_s``) and reports draft forwards, drafted and accepted tokens.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specbench.core.acceptance import Acceptance, Sampling, target_probs
+from specbench.core.tree import DraftTree
+from specbench.core.verify import compact_cache, new_cache
+from specbench.drafters.base import DecodeContext, Drafter
+from specbench.errors import ConfigError, ModelUnavailable
+from specbench.models.loading import build_tiny_llama, eos_token_ids, load_pretrained
+
+DRAFT_SOURCES = ("hub", "distilled", "tiny", "target")
+
+
+@dataclass
+class LoadedDraft:
+    """A draft model ready to run beside its target."""
+
+    model: torch.nn.Module
+    tokenizer: object | None  # None when the draft ships no tokenizer (tiny random drafts)
+    path: str  # where the weights came from (recorded in stats)
+
+
+def vocab_width(model) -> int:
+    """Number of logits the model produces per position."""
+    return model.get_output_embeddings().weight.shape[0]
+
+
+def distilled_dir(target_name: str) -> Path:
+    """The distilled draft's directory for ``target_name``, or a ModelUnavailable saying how to train it."""
+    from specbench.train.draft import distilled_draft_dir
+
+    directory = distilled_draft_dir(target_name)
+    if not directory.is_dir():
+        raise ModelUnavailable(
+            f"no distilled draft model for {target_name} at {directory}; train it once with "
+            f"`python -m specbench.train draft model={target_name}` or set model.draft.path=<Hub id or dir>")
+    return directory
+
+
+def load_draft(cfg, target_name: str, target, tokenizer) -> LoadedDraft:
+    """The draft described by a ``model.draft`` node, on the target's device/dtype, tokenizer-checked.
+
+    ``path`` (a Hub id or a local directory) wins over ``source`` whenever it is set, so any
+    checkpoint can be tried with ``model.draft.path=...``.
+    """
+    source = cfg.get("source", "hub") if cfg is not None else "hub"
+    path = cfg.get("path") if cfg is not None else None
+    if source not in DRAFT_SOURCES:
+        raise ConfigError(f"model.draft.source must be one of {DRAFT_SOURCES}; got {source!r}")
+    if source == "target" and not path:
+        return LoadedDraft(target, tokenizer, "target")
+    if path or source == "distilled":
+        location = os.path.expanduser(str(path)) if path else str(distilled_dir(target_name))
+        model, draft_tokenizer = load_pretrained(location, target.dtype, cfg.get("revision") if path else None)
+    elif source == "tiny":
+        tiny = dict(cfg.tiny)
+        model, draft_tokenizer = build_tiny_llama(vocab_width(target), **tiny), None
+        location = f"tiny-random-llama(seed={tiny.get('seed')})"
+    else:
+        raise ConfigError(f"this method needs a draft model but model {target_name} names none: set "
+                          f"model.draft.path=<Hub id or local dir> (a causal LM sharing the target's tokenizer)")
+    model = model.to(device=target.device, dtype=target.dtype).eval()
+    check_vocab(model, draft_tokenizer, target, tokenizer, location)
+    return LoadedDraft(model, draft_tokenizer, location)
+
+
+def check_vocab(draft, draft_tokenizer, target, tokenizer, location: str) -> None:
+    """Refuse a draft whose token ids do not mean what the target's mean.
+
+    With both tokenizers at hand every id the two vocabularies share must map to the same token
+    (Llama-68M's 32000 ids inside CodeLlama's 32016 pass); without a draft tokenizer the sizes
+    must be equal.
+    """
+    v_draft, v_target = vocab_width(draft), vocab_width(target)
+    if draft_tokenizer is None or tokenizer is None:
+        if v_draft != v_target:
+            raise ConfigError(f"draft {location} has {v_draft} token ids but the target has {v_target}, and "
+                              f"no tokenizer shows they agree; a draft must share the target's tokenizer")
+        return
+    shared = min(v_draft, v_target)
+    target_vocab = tokenizer.get_vocab()
+    bad = [(token, i) for token, i in draft_tokenizer.get_vocab().items()
+           if i < shared and target_vocab.get(token) != i]
+    if bad:
+        token, i = bad[0]
+        raise ConfigError(f"draft {location} does not share the target's tokenizer: {len(bad)} of its ids "
+                          f"below {shared} mean other tokens (e.g. id {i} is {token!r} in the draft, "
+                          f"id {target_vocab.get(token)} in the target)")
+
+
+def positive_int(value, key: str, lowest: int = 1) -> int:
+    """``value`` if it is an integer >= ``lowest``, else a ConfigError naming ``method.drafter.<key>``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
+        raise ConfigError(f"method.drafter.{key} must be an integer >= {lowest}, got {value!r}")
+    return value
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists (binary search over C-speed slice compares)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n - 1  # a[:lo] == b[:lo]; a[:hi + 1] may differ
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def sample_without_replacement(probs: torch.Tensor, k: int, generator: torch.Generator | None) -> list[int]:
+    """``k`` ordered draws without replacement from ``probs`` [vocab] (Gumbel-top-k: draw i ~ probs without draws < i).
+
+    NOTE: keys ``p / E`` with ``E ~ Exp(1)`` sorted descending are distributed as sequential draws
+    without replacement; one exponential per token, no Python loop.
+    """
+    keys = probs / torch.empty_like(probs).exponential_(generator=generator)  # [vocab]
+    return keys.topk(k).indices.tolist()
+
+
+class DraftLM:
+    """A draft model with its own KV cache, kept equal to a prefix of the committed tokens between steps.
+
+    ``tokens`` are the tokens whose KV rows are cached, in order; a tree step appends tree rows after
+    them (``tree_tokens``) until ``keep_tree_rows`` keeps the accepted ones. Logits come back in the
+    target's vocabulary width (a smaller draft vocabulary is padded with -inf, a larger one cut).
+    """
+
+    def __init__(self, model, target_vocab: int, oov_id: int = 0):
+        self.model = model
+        self.draft_vocab = vocab_width(model)
+        self.target_vocab = target_vocab
+        self.oov_id = oov_id  # fed in place of target ids the draft does not know (CodeLlama's extra ids)
+        self.reset()
+
+    def reset(self) -> None:
+        """An empty cache for a new generation; counters back to zero."""
+        self.cache = new_cache(self.model)
+        self.tokens: list[int] = []
+        self._drop_tree_state()
+        self.forwards = 0  # draft forward passes this generation
+        self.fed = 0  # tokens fed through the draft this generation
+
+    @property
+    def cache_length(self) -> int:
+        """Rows held in the draft cache (committed prefix + any tree rows of the current step)."""
+        return self.cache.get_seq_length()
+
+    def sync(self, tokens: list[int]) -> torch.Tensor:
+        """Make the cache hold ``tokens`` (crop to the shared prefix, feed the rest); logits [vocab] after the last."""
+        self.keep_tree_rows([])
+        keep = min(common_prefix(self.tokens, tokens), len(tokens) - 1)
+        self.crop(keep)
+        return self.extend(tokens[keep:])
+
+    def extend(self, tokens: list[int]) -> torch.Tensor:
+        """Feed ``tokens`` causally after the cached ones; logits [vocab] (float32) after the last of them."""
+        ids = torch.tensor([self._draft_ids(tokens)], device=self.model.device)  # [1, k]
+        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        self._count(len(tokens))
+        self.tokens.extend(tokens)
+        return self._target_logits(out.logits[0, -1])
+
+    def tree_layer(self, tokens: list[int], parent_rows: list[int], depth: int) -> torch.Tensor:
+        """Feed one layer of a draft tree in one forward; logits [k, vocab] (float32), one row per node.
+
+        Node ``i`` sits at ``depth`` under the tree row ``parent_rows[i]`` (-1 = the root, the last cached
+        committed token). Each row sees the committed prefix, its ancestors' tree rows and itself.
+        """
+        k, past, rows = len(tokens), len(self.tokens), len(self.tree_tokens)
+        parents = torch.tensor(parent_rows, dtype=torch.long)  # [k]
+        inherited = torch.zeros(k, rows, dtype=torch.bool)  # [k, rows] ancestors among earlier tree rows
+        has_parent = parents >= 0
+        inherited[has_parent] = self._tree_visible[parents[has_parent]]
+        visible = torch.cat([inherited, torch.eye(k, dtype=torch.bool)], dim=1)  # [k, rows + k]
+        grown = torch.zeros(rows + k, rows + k, dtype=torch.bool)
+        grown[:rows, :rows] = self._tree_visible
+        grown[rows:] = visible
+        self._tree_visible = grown
+        dtype = self.model.dtype
+        mask = torch.zeros(k, past + rows + k, dtype=dtype)  # [k, cached + k] additive
+        mask[:, past:].masked_fill_(~visible, torch.finfo(dtype).min)
+        device = self.model.device
+        out = self.model(
+            input_ids=torch.tensor([self._draft_ids(tokens)], device=device),
+            position_ids=torch.full((1, k), past - 1 + depth, dtype=torch.long, device=device),
+            attention_mask=mask[None, None].to(device),
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        self._count(k)
+        self.tree_tokens.extend(tokens)
+        return self._target_logits(out.logits[0])
+
+    def keep_tree_rows(self, rows: list[int]) -> None:
+        """End a tree step: keep tree rows ``rows`` (an accepted path, root side first), drop the others."""
+        if not self.tree_tokens:
+            return
+        compact_cache(self.cache, len(self.tokens), rows)
+        self.tokens.extend(self.tree_tokens[r] for r in rows)
+        self._drop_tree_state()
+
+    def rollback(self, committed: list[int]) -> None:
+        """After a chain step: keep the cached rows that lie on ``committed`` minus its last token (the next root)."""
+        self.crop(min(common_prefix(self.tokens, committed), len(committed) - 1))
+
+    def crop(self, length: int) -> None:
+        """Keep the first ``length`` cached tokens."""
+        if length < len(self.tokens):
+            compact_cache(self.cache, length, [])
+            del self.tokens[length:]
+
+    def _drop_tree_state(self) -> None:
+        """Forget the current step's tree rows (their KV is gone or kept by the caller)."""
+        self.tree_tokens: list[int] = []
+        self._tree_visible = torch.zeros(0, 0, dtype=torch.bool)  # [rows, rows] ancestor-or-self
+
+    def _count(self, fed: int) -> None:
+        """Book one draft forward over ``fed`` tokens."""
+        self.forwards += 1
+        self.fed += fed
+
+    def _draft_ids(self, tokens: list[int]) -> list[int]:
+        """Target ids as draft input ids (ids beyond the draft's vocabulary become its unknown token)."""
+        if self.draft_vocab >= self.target_vocab:
+            return tokens
+        return [t if t < self.draft_vocab else self.oov_id for t in tokens]
+
+    def _target_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft logits [..., draft_vocab] as float32 [..., target_vocab]."""
+        logits = logits.float()
+        if self.draft_vocab > self.target_vocab:
+            return logits[..., : self.target_vocab]
+        if self.draft_vocab < self.target_vocab:
+            return torch.nn.functional.pad(logits, (0, self.target_vocab - self.draft_vocab), value=float("-inf"))
+        return logits
+
+
+class DraftModelDrafter(Drafter):
+    """Base of the drafters that run a separate draft model: loading, timing and shared stats.
+
+    Subclasses implement ``draft_tree`` (the tree to verify) and ``update`` (draft-cache rollback
+    and any schedule). ``temperature``/``top_p`` are the run's sampling settings (the method configs
+    interpolate them), used to warp the draft's distribution when drafts are sampled.
+    """
+
+    def __init__(self, draft=None, target_name: str = "target", temperature: float = 0.0, top_p: float = 1.0):
+        self.draft_cfg = draft
+        self.target_name = target_name
+        self.sampling = Sampling(temperature, top_p)
+        self.sample_drafts = not self.sampling.greedy  # False: top-k drafts (deterministic) at any temperature
+        self.lm: DraftLM | None = None
+        self.draft_path = None
+        self.eos_ids: frozenset[int] = frozenset()
+        self._zero_counters()
+
+    def setup(self, target, tokenizer) -> None:
+        """Load the draft model beside the target."""
+        loaded = load_draft(self.draft_cfg, self.target_name, target, tokenizer)
+        oov = getattr(loaded.tokenizer, "unk_token_id", None)
+        self.lm = DraftLM(loaded.model, vocab_width(target), oov if oov is not None else 0)
+        self.draft_path = loaded.path
+        self.eos_ids = eos_token_ids(target, tokenizer)
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        """A fresh draft cache and counters per generation (the prompt is fed at the first sync)."""
+        self.lm.reset()
+        self._zero_counters()
+
+    def propose(self, ctx: DecodeContext) -> DraftTree:
+        """Draft this step's tree with the draft model (timed)."""
+        start = time.perf_counter()
+        tree = self.draft_tree(ctx)
+        self.steps += 1
+        self.drafted += tree.num_drafted
+        self.draft_s += time.perf_counter() - start
+        return tree
+
+    def observe(self, ctx: DecodeContext, tree: DraftTree, verified, accepted: Acceptance) -> None:
+        """Count accepted tokens and roll the draft cache back to the accepted prefix (timed)."""
+        start = time.perf_counter()
+        self.accepted += len(accepted.path) - 1
+        self.update(ctx, tree, accepted)
+        self.draft_s += time.perf_counter() - start
+
+    def draft_tree(self, ctx: DecodeContext) -> DraftTree:
+        """The tree to verify this step; node 0 is ``ctx.root``."""
+        raise NotImplementedError
+
+    def update(self, ctx: DecodeContext, tree: DraftTree, accepted: Acceptance) -> None:
+        """Draft-cache rollback (and schedules) after the target verified ``tree``."""
+        raise NotImplementedError
+
+    def pick(self, logits: torch.Tensor, k: int, generator) -> tuple[list[int], torch.Tensor | None]:
+        """``k`` children from draft logits [vocab]: the top-k, or k draws without replacement when sampling.
+
+        Returns (tokens, q) with q [vocab] the warped draft distribution they were drawn from (None for top-k).
+        """
+        if not self.sample_drafts:
+            return logits.topk(k).indices.tolist(), None
+        probs = target_probs(logits.cpu(), self.sampling)  # [vocab]; the run's generator lives on the CPU
+        return sample_without_replacement(probs, k, generator), probs
+
+    def stats(self) -> dict:
+        """Draft model, forwards, drafted/accepted tokens and drafting time of the latest generation."""
+        steps = max(self.steps, 1)
+        return {
+            "draft_model": self.draft_path,
+            "steps": self.steps,
+            "drafted_per_step": self.drafted / steps,
+            "accepted_tokens": self.accepted,  # drafted tokens on the verified path (before EOS/budget cuts)
+            "accepted_per_step": self.accepted / steps,
+            "draft_hit_ratio": self.accepted / max(self.drafted, 1),
+            "draft_forwards": self.lm.forwards if self.lm else 0,
+            "draft_tokens_fed": self.lm.fed if self.lm else 0,
+            "draft_s": self.draft_s,
+        }
+
+    def _zero_counters(self) -> None:
+        """Reset the per-generation counters."""
+        self.steps = self.drafted = self.accepted = 0
+        self.draft_s = 0.0

@@ -1,0 +1,239 @@
+"""OPT-Tree (Wang et al., TACL 2025): a per-step adaptive draft tree that maximizes E[accept length].
+
+Each step the draft model builds the tree layer by layer (ALGORITHMS 7.2): layer 1 is the top-n
+tokens of q(.|root); every deeper layer comes from ONE draft forward over all n nodes of the layer
+above (tree mask on the draft's own cache): each node's top-n children, scored p̂ = p̂(parent)·q,
+then the global top-n. Drafting stops when the gain in E (sum of the top-n p̂ over the layers built)
+is <= threshold or the depth limit is reached; the tree verified is the top-n nodes by p̂, which
+always contains the root and is closed under parents (p̂ decreases along every path).
+
+The paper's fixed-tree baselines run on the same drafter: ``FixedTree`` fills a fixed shape (EAGLE's
+25-node tree, a binary tree, or any list of rank paths) with the draft's top-k tokens per node (or,
+with ``sample_children``, draws without replacement recorded for the ``speculative`` rule).
+"""
+
+from __future__ import annotations
+
+import heapq
+from itertools import chain
+
+import torch
+
+from specbench.core.acceptance import Acceptance
+from specbench.core.tree import DraftTree
+from specbench.drafters.base import DecodeContext
+from specbench.drafters.draft_model import DraftModelDrafter, positive_int
+from specbench.errors import ConfigError
+from specbench.structures.tree_shapes import EAGLE_PATHS, TreeShape, binary_paths
+
+
+class OptTreeBuilder:
+    """OPT-Tree's layer-by-layer construction over draft probabilities (model-free, unit-testable).
+
+    ``expected[d]`` is E_d: the sum of the top-n p̂ over layers 1..d (``expected[0] = 0``), i.e. the
+    best expected acceptance length of an n-node subtree of what was built (non-decreasing in d).
+    """
+
+    def __init__(self, nodes: int):
+        self.nodes = nodes
+        self.tokens: list[list[int]] = []  # per layer
+        self.parents: list[list[int]] = []  # per layer: the parent's index in the layer above (-1 = root)
+        self.values: list[list[float]] = []  # per layer: p̂ of each node
+        self.expected = [0.0]
+        self._newest: torch.Tensor | None = None  # [k] p̂ of the newest layer, on the probs' device
+
+    @property
+    def depth(self) -> int:
+        """Layers built so far."""
+        return len(self.tokens)
+
+    def add_layer(self, probs: torch.Tensor) -> None:
+        """Grow one layer from raw draft distributions [k, vocab] of the newest layer's nodes ([1, vocab]: the root's)."""
+        first = self._newest is None
+        parent_values = probs.new_ones(1) if first else self._newest  # [k]
+        per_parent = min(self.nodes, probs.shape[-1])
+        child_probs, child_tokens = probs.topk(per_parent, dim=-1)  # [k, per_parent]
+        scores = (parent_values[:, None] * child_probs).flatten()  # [k * per_parent]
+        values, flat = scores.topk(min(self.nodes, scores.numel()))  # [n], sorted descending
+        tokens, parents = torch.stack([child_tokens.flatten()[flat], flat // per_parent]).tolist()
+        self._newest = values
+        self.tokens.append(tokens)
+        self.parents.append([-1] * len(tokens) if first else parents)
+        self.values.append(values.tolist())
+        self.expected.append(sum(heapq.nlargest(self.nodes, chain.from_iterable(self.values))))
+
+    def grows(self, threshold: float, depth_limit: int) -> bool:
+        """The stopping rule: build another layer iff E_d - E_{d-1} > threshold and d < depth_limit."""
+        return self.depth < depth_limit and self.expected[-1] - self.expected[-2] > threshold
+
+    def select(self) -> tuple[list[tuple[int, int]], float]:
+        """The top-n nodes over all layers as (layer, index) pairs in depth order, and E = the sum of their p̂.
+
+        NOTE: ties go to the shallower node, and a child's p̂ never exceeds its parent's (q <= 1, also
+        in float32), so every chosen node's parent is chosen too.
+        """
+        ranked = sorted((-value, layer, i) for layer, values in enumerate(self.values)
+                        for i, value in enumerate(values))[: self.nodes]
+        return sorted((layer, i) for _, layer, i in ranked), -sum(value for value, _, _ in ranked)
+
+    def tree(self, root: int) -> tuple[DraftTree, list[tuple[int, int]], float]:
+        """The selected subtree as a DraftTree (root first, depth order), its (layer, index) nodes and E."""
+        chosen, expected = self.select()
+        index: dict[tuple[int, int], int] = {}
+        tokens, parents = [root], [-1]
+        for layer, i in chosen:
+            index[(layer, i)] = len(tokens)
+            tokens.append(self.tokens[layer][i])
+            parents.append(index[(layer - 1, self.parents[layer][i])] if layer else 0)
+        return DraftTree(tokens, parents), chosen, expected
+
+
+class LayeredTreeDrafter(DraftModelDrafter):
+    """Tree drafters fed layer by layer: remembers each node's draft-cache row, keeps the accepted path's rows.
+
+    NOTE: trees are proposed in depth order and no deeper than ``remaining - 1``, so the loop's
+    pruning leaves node indices unchanged and ``node_rows`` indexes the verified tree.
+    """
+
+    def __init__(self, **draft_settings):
+        super().__init__(**draft_settings)
+        self.node_rows: list[int] = [-1]  # draft-cache tree row of each node of the proposed tree (-1: none)
+
+    def update(self, ctx: DecodeContext, tree: DraftTree, accepted: Acceptance) -> None:
+        """Keep the draft rows of the accepted path (those that were fed), drop the rest of the tree."""
+        self.lm.keep_tree_rows([self.node_rows[i] for i in accepted.path[1:] if self.node_rows[i] >= 0])
+        self.depth_sum += max(tree.depths)
+
+    def _zero_counters(self) -> None:
+        """Base counters plus the summed tree depth."""
+        super()._zero_counters()
+        self.depth_sum = 0
+
+    def stats(self) -> dict:
+        """Base stats plus the mean verified tree depth."""
+        return {**super().stats(), "tree_depth_mean": self.depth_sum / max(self.steps, 1)}
+
+
+class OptTree(LayeredTreeDrafter):
+    """OPT-Tree's adaptive draft tree (node budget n, threshold delta, depth counter max_depth)."""
+
+    def __init__(self, nodes: int = 50, threshold: float = 0.5, max_depth: int = 10, **draft_settings):
+        self.nodes = positive_int(nodes, "nodes")
+        self.max_depth = positive_int(max_depth, "max_depth", lowest=2)
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or threshold < 0:
+            raise ConfigError(f"method.drafter.threshold (delta) must be a number >= 0, got {threshold!r}")
+        self.threshold = float(threshold)
+        super().__init__(**draft_settings)
+
+    def draft_tree(self, ctx: DecodeContext) -> DraftTree:
+        """Build the layers while E grows by more than delta, then verify the top-n nodes by p̂.
+
+        NOTE: the official loop also feeds the last layer it keeps, then discards the layer that
+        forward produced; the stopping test needs only p̂ values already known, so it runs first
+        here and that forward is skipped (same trees, one draft forward less per step).
+        """
+        depth_limit = min(self.max_depth - 1, ctx.remaining - 1)
+        if depth_limit < 1:
+            self.node_rows = [-1]
+            self.step_expected.append(0.0)
+            return DraftTree.root_only(ctx.root)
+        builder = OptTreeBuilder(self.nodes)
+        builder.add_layer(torch.softmax(self.lm.sync(ctx.tokens), dim=-1)[None])  # [1, vocab] raw q(.|root)
+        offsets: list[int] = []  # first draft-cache tree row of each fed layer
+        while builder.grows(self.threshold, depth_limit):
+            above = offsets[-1] if offsets else 0
+            parent_rows = [above + p if p >= 0 else -1 for p in builder.parents[-1]]
+            offsets.append(len(self.lm.tree_tokens))
+            logits = self.lm.tree_layer(builder.tokens[-1], parent_rows, depth=builder.depth)  # [n, vocab]
+            builder.add_layer(torch.softmax(logits, dim=-1))
+        tree, chosen, expected = builder.tree(ctx.root)
+        self.node_rows = [-1] + [offsets[layer] + i if layer < len(offsets) else -1 for layer, i in chosen]
+        self.step_expected.append(round(expected, 3))
+        return tree
+
+    def update(self, ctx: DecodeContext, tree: DraftTree, accepted: Acceptance) -> None:
+        """Keep the accepted rows and record this step's actual acceptance next to its E."""
+        super().update(ctx, tree, accepted)
+        self.step_accepted.append(len(accepted.path) - 1)
+
+    def _zero_counters(self) -> None:
+        """Base counters plus the per-step E / actual acceptance traces (the paper's Fig 4 data)."""
+        super()._zero_counters()
+        self.step_expected: list[float] = []
+        self.step_accepted: list[int] = []
+
+    def stats(self) -> dict:
+        """Base stats plus E (sum of p̂ of the verified tree) and the accepted drafted tokens, per step."""
+        return {**super().stats(), "expected_accept_mean": sum(self.step_expected) / max(len(self.step_expected), 1),
+                "step_expected_accept": self.step_expected, "step_accepted": self.step_accepted}
+
+
+SHAPES = ("eagle", "binary", "paths")
+
+
+def tree_shape(shape: str, nodes: int | None, paths) -> TreeShape:
+    """The fixed shape named by the config: EAGLE's 25-node tree, a binary tree of ``nodes``, or ``paths``."""
+    if shape == "eagle":
+        return TreeShape.from_paths(EAGLE_PATHS)
+    if shape == "binary":
+        return TreeShape.from_paths(binary_paths(nodes))
+    if shape == "paths":
+        if not paths:
+            raise ConfigError("method.drafter.paths must list rank paths (e.g. [[0],[1],[0,0]]) when shape=paths")
+        return TreeShape.from_paths(paths)
+    raise ConfigError(f"method.drafter.shape must be one of {SHAPES}; got {shape!r}")
+
+
+class FixedTree(LayeredTreeDrafter):
+    """A fixed tree shape filled by the draft model each step (OPT-Tree's Binary / EAGLE-tree baselines).
+
+    The rank-r child of a node is the draft's r-th most likely token after it (T=0, or always unless
+    ``sample_children``); with ``sample_children`` at T>0 the children are ordered draws without
+    replacement from the warped q, recorded in ``draft_probs`` for the ``speculative`` rule. One
+    draft forward per depth feeds the nodes of that depth that have children.
+    """
+
+    def __init__(self, shape: str = "eagle", nodes: int | None = 30, paths=None, sample_children: bool = False,
+                 **draft_settings):
+        self.shape = tree_shape(shape, nodes, paths)
+        super().__init__(**draft_settings)
+        self.sample_drafts = bool(sample_children) and not self.sampling.greedy
+
+    def setup(self, target, tokenizer) -> None:
+        """Load the draft; refuse shapes that want more children per node than the vocabulary has."""
+        super().setup(target, tokenizer)
+        widest = max(len(kids) for kids in self.shape.children())
+        if widest > self.lm.target_vocab:
+            raise ConfigError(f"the tree shape gives a node {widest} children but the vocabulary has "
+                              f"only {self.lm.target_vocab} tokens")
+
+    def draft_tree(self, ctx: DecodeContext) -> DraftTree:
+        """Fill the shape (pruned to the budget) depth by depth."""
+        shape = self.shape.pruned(ctx.remaining - 1)
+        self.node_rows = [-1] * len(shape)
+        if len(shape) == 1:
+            return DraftTree.root_only(ctx.root)
+        kids = shape.children()
+        tokens = [ctx.root] + [0] * (len(shape) - 1)
+        q_rows: list[torch.Tensor | None] = [None] * len(shape)
+        logits = {0: self.lm.sync(ctx.tokens)}  # node -> draft logits [vocab] for its children
+        for depth in range(1, shape.max_depth + 1):
+            for parent, row in logits.items():
+                children, q_rows[parent] = self.pick(row, len(kids[parent]), ctx.generator)
+                for node, token in zip(kids[parent], children):
+                    tokens[node] = token
+            feeding = [node for node in shape.layer(depth) if kids[node]]
+            if not feeding:
+                break
+            first = len(self.lm.tree_tokens)
+            parent_rows = [self.node_rows[shape.parents[node]] for node in feeding]
+            out = self.lm.tree_layer([tokens[node] for node in feeding], parent_rows, depth)  # [k, vocab]
+            logits = {}
+            for i, node in enumerate(feeding):
+                self.node_rows[node] = first + i
+                logits[node] = out[i]
+        tree = DraftTree(tokens, list(shape.parents))
+        if self.sample_drafts:
+            leaf = torch.zeros(self.lm.target_vocab)
+            tree.draft_probs = torch.stack([q if q is not None else leaf for q in q_rows])  # [n, vocab]
+        return tree

@@ -1,0 +1,47 @@
+"""``python -m specbench.train {draft,medusa} [hydra overrides...]``: train a method's artefacts once."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from specbench.errors import UserError
+
+COMMANDS = {
+    "draft": ("specbench.train.draft", "distil a small draft model from the target (spede, opt_tree)"),
+    "medusa": ("specbench.train.medusa", "train Medusa heads on the target's self-distilled answers"),
+}
+
+
+def usage() -> str:
+    """The command line and the list of subcommands."""
+    lines = ["usage: python -m specbench.train {" + ",".join(COMMANDS) + "} [hydra overrides...]", "",
+             "subcommands:"]
+    lines += [f"  {name:8s}{help_text}" for name, (_, help_text) in COMMANDS.items()]
+    lines += ["", "example: python -m specbench.train draft model=smollm2_135m train.steps=300"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    """Dispatch to ``<module>.main(overrides)``; exit 2 with the subcommand list or a one-line error."""
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage(), file=sys.stderr if not argv else sys.stdout)
+        return 2 if not argv else 0
+    command, overrides = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"error: unknown subcommand {command!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[command][0])
+    try:
+        module.main(overrides)
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted: finished work is cached; rerun the same command to resume", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

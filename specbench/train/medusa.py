@@ -1,0 +1,266 @@
+"""MEDUSA-1 training (Cai et al. 2024, 3.2.1): K heads on a FROZEN target, on its own self-distilled answers.
+
+``python -m specbench.train medusa model=smollm2_135m [heads.*=...] [train.*=...] [prompts.*=...]``
+
+Head k (1-based) reads the last hidden state h_t (after the final norm) and is trained with
+cross-entropy on the token at t + k + 1; the loss is ``sum_k lambda_k CE_k`` with
+``lambda_k = loss_decay ** k`` (Eq. 1, 0.8^k in the paper). The backbone is frozen, so its hidden
+states are computed once per sequence (answer positions only) and training touches only the heads:
+this is what makes CPU training of the embedded model's heads feasible.
+
+Evaluation on held-out self-distilled sequences measures each head's rank accuracies a_k^(i) (the
+probability that its i-th top token is the right one). Because the answers are the target's own
+greedy outputs, "right" is the target's greedy continuation, which is what the ALGORITHMS.md 8.2
+calibration needs; the table is saved in ``training.json`` beside the heads and the drafter builds
+its sparse tree from it. A second run with the same settings (model, data, heads, train) is a no-op
+unless ``force=true``; the output folder is replaced atomically.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from specbench.errors import ConfigError
+from specbench.models.medusa_heads import TRAINING_FILE, MedusaHeads, save_heads, trained_dir
+from specbench.train.common import compose_train, container, digest, load_target, model_identity
+from specbench.train.selfdistill import SelfDistilled, data_summary, self_distilled
+
+IGNORE = -100  # label of a (position, head) whose target lies past the sequence end
+
+
+@dataclass
+class Features:
+    """Frozen-backbone inputs and head labels at every answer position t of some sequences."""
+
+    hidden: torch.Tensor  # [N, H] h_t (target dtype, CPU)
+    labels: torch.Tensor  # [N, K] long: y_{t+k+1} for head k = 1..K, IGNORE past the end
+
+    def __len__(self) -> int:
+        return self.hidden.shape[0]
+
+
+def seeded(seed: int) -> torch.Generator:
+    """A CPU generator for the split and the batch order, independent of the global RNG."""
+    return torch.Generator().manual_seed(seed)
+
+
+def validate(cfg) -> None:
+    """Reject impossible head / training settings with the key and its valid range."""
+    heads, train = cfg.heads, cfg.train
+    checks = [
+        (heads.num_heads >= 1, f"heads.num_heads (K) must be >= 1 (got {heads.num_heads})"),
+        (heads.num_layers >= 1, f"heads.num_layers must be >= 1 (got {heads.num_layers})"),
+        (train.max_steps >= 1, f"train.max_steps must be >= 1 (got {train.max_steps})"),
+        (train.max_minutes is None or train.max_minutes > 0,
+         f"train.max_minutes must be > 0 or null (got {train.max_minutes})"),
+        (train.batch_size >= 1, f"train.batch_size must be >= 1 (got {train.batch_size})"),
+        (train.lr > 0, f"train.lr must be > 0 (got {train.lr})"),
+        (0 < train.loss_decay <= 1, f"train.loss_decay (lambda) must be in (0, 1] (got {train.loss_decay})"),
+        (train.eval_sequences >= 1, f"train.eval_sequences must be >= 1 (got {train.eval_sequences})"),
+        (train.eval_top_k >= 1, f"train.eval_top_k must be >= 1 (got {train.eval_top_k})"),
+        (train.max_length >= 3, f"train.max_length must be >= 3 (got {train.max_length})"),
+        (train.amp_dtype in (None, "bfloat16", "float16"),
+         f"train.amp_dtype must be null, bfloat16 or float16 (got {train.amp_dtype})"),
+    ]
+    problems = [message for ok, message in checks if not ok]
+    if problems:
+        raise ConfigError("invalid Medusa training settings: " + "; ".join(problems))
+
+
+def head_labels(ids: torch.Tensor, start: int, rows: int, num_heads: int) -> torch.Tensor:
+    """[rows, K] labels for positions t = start .. start+rows-1: ids[t + k + 1], IGNORE past the end."""
+    positions = torch.arange(start, start + rows)[:, None] + torch.arange(2, num_heads + 2)[None]  # [rows, K]
+    inside = positions < ids.numel()
+    return torch.where(inside, ids[positions.clamp(max=ids.numel() - 1)], torch.full_like(positions, IGNORE))
+
+
+@torch.no_grad()
+def extract_features(backbone, data: list[SelfDistilled], num_heads: int, max_length: int,
+                     progress: bool) -> Features:
+    """h_t for every answer position t that has a head-1 target (t + 2 inside the sequence), once."""
+    hidden, labels = [], []
+    device = next(backbone.parameters()).device
+    for record in tqdm(data, desc="backbone features", unit="seq", disable=not progress):
+        ids = torch.tensor(record.prompt_ids + record.output_ids)[:max_length]  # [T]
+        start = len(record.prompt_ids) - 1  # the last prompt token's state predicts the answer
+        rows = ids.numel() - 2 - start
+        if rows < 1:
+            continue
+        states = backbone(input_ids=ids[None].to(device)).last_hidden_state[0]  # [T, H]
+        hidden.append(states[start:start + rows].cpu())
+        labels.append(head_labels(ids, start, rows, num_heads))
+    if not hidden:
+        raise ConfigError("no training positions: every self-distilled answer is shorter than 2 tokens")
+    return Features(torch.cat(hidden), torch.cat(labels))
+
+
+def build_heads(lm_head: torch.nn.Module, heads_cfg, device: torch.device) -> MedusaHeads:
+    """Fresh float32 heads: W_in = 0, W_out from the LM head (own copies, or the frozen head itself)."""
+    vocab, hidden = lm_head.weight.shape
+    if heads_cfg.train_lm_head:
+        heads = MedusaHeads(hidden, vocab, heads_cfg.num_heads, heads_cfg.num_layers)
+        with torch.no_grad():
+            for head in heads.heads:
+                head[-1].weight.copy_(lm_head.weight)
+        return heads.to(device)
+    frozen = lm_head if lm_head.weight.dtype == torch.float32 else copy.deepcopy(lm_head).float()
+    heads = MedusaHeads(hidden, vocab, heads_cfg.num_heads, heads_cfg.num_layers, frozen.requires_grad_(False))
+    return heads.to(device)
+
+
+def head_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy per head [K] from logits [K, B, V] and labels [B, K] (0 where a head has no label)."""
+    losses = []
+    for k in range(logits.shape[0]):
+        total = torch.nn.functional.cross_entropy(logits[k].float(), labels[:, k], ignore_index=IGNORE,
+                                                  reduction="sum")
+        losses.append(total / (labels[:, k] != IGNORE).sum().clamp(min=1))
+    return torch.stack(losses)
+
+
+def lr_factor(step: int, progress: float, warmup: int) -> float:
+    """LR multiplier: linear warm-up over ``warmup`` steps times a cosine decay over ``progress`` in [0, 1].
+
+    ``progress`` is the larger of the step and time fractions of the budget, so the schedule also
+    anneals to 0 when ``train.max_minutes`` ends training before ``train.max_steps``.
+    """
+    return min(1.0, (step + 1) / max(1, warmup)) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def autocast(device: torch.device, amp_dtype: str | None):
+    """Mixed precision for the heads' forward (the LM-head matmul dominates), or a no-op."""
+    if amp_dtype is None:
+        return torch.autocast(device.type, enabled=False)
+    return torch.autocast(device.type, dtype=getattr(torch, amp_dtype))
+
+
+def train_heads(heads: MedusaHeads, train: Features, cfg, device: torch.device, progress: bool) -> dict:
+    """AdamW on ``sum_k lambda_k CE_k`` until train.max_steps or train.max_minutes; returns a record."""
+    params = [p for p in heads.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    weights = torch.tensor([cfg.loss_decay ** k for k in range(1, heads.num_heads + 1)], device=device)  # lambda_k
+    generator = seeded(cfg.seed)
+    order, cursor, seen = torch.randperm(len(train), generator=generator), 0, 0
+    budget_s = cfg.max_minutes * 60 if cfg.max_minutes else math.inf
+    start = time.monotonic()
+    bar = tqdm(total=cfg.max_steps, desc="medusa heads", unit="step", disable=not progress)
+    step, losses = 0, None
+    while step < cfg.max_steps and time.monotonic() - start < budget_s:
+        progress_now = max(step / cfg.max_steps, (time.monotonic() - start) / budget_s)
+        for group in optimizer.param_groups:
+            group["lr"] = cfg.lr * lr_factor(step, progress_now, cfg.warmup_steps)
+        if cursor >= len(order):
+            order, cursor = torch.randperm(len(train), generator=generator), 0
+        index = order[cursor:cursor + cfg.batch_size]
+        cursor, seen = cursor + len(index), seen + len(index)
+        with autocast(device, cfg.amp_dtype):
+            logits = heads(train.hidden[index].to(device, torch.float32))  # [K, B, V]
+        losses = head_losses(logits, train.labels[index].to(device))  # [K]
+        optimizer.zero_grad(set_to_none=True)
+        (weights * losses).sum().backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        optimizer.step()
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=" ".join(f"{x:.2f}" for x in losses.tolist()))
+    bar.close()
+    return {"steps": step, "seconds": round(time.monotonic() - start, 1), "epochs": round(seen / len(train), 3),
+            "stopped_by": "max_steps" if step >= cfg.max_steps else "max_minutes",
+            "last_batch_loss": [round(x, 4) for x in losses.tolist()] if losses is not None else None}
+
+
+@torch.no_grad()
+def evaluate(heads: MedusaHeads, features: Features, top_k: int, batch_size: int, device: torch.device) -> dict:
+    """Rank accuracies a_k^(i) (i < top_k), top-1 / top-k accuracy and mean loss per head on held-out positions."""
+    num_heads = heads.num_heads
+    counts = torch.zeros(num_heads, top_k)
+    seen = torch.zeros(num_heads)
+    loss_sum = torch.zeros(num_heads)
+    for begin in range(0, len(features), batch_size):
+        logits = heads(features.hidden[begin:begin + batch_size].to(device, torch.float32)).float()  # [K, B, V]
+        labels = features.labels[begin:begin + batch_size].to(device)  # [B, K]
+        for k in range(num_heads):
+            valid = labels[:, k] != IGNORE
+            rows, targets = logits[k][valid], labels[valid, k]  # [b, V], [b]
+            true = rows.gather(1, targets[:, None])  # [b, 1]
+            rank = (rows > true).sum(dim=1)  # [b]; ties count in the token's favour
+            counts[k] += torch.bincount(rank[rank < top_k].cpu(), minlength=top_k).float()
+            seen[k] += valid.sum().cpu()
+            loss_sum[k] += torch.nn.functional.cross_entropy(rows, targets, reduction="sum").cpu()
+    rank_accuracy = counts / seen.clamp(min=1)[:, None]  # [K, top_k]
+    return {"positions": int(seen[0]), "top_k": top_k,
+            "top1": [round(x, 4) for x in rank_accuracy[:, 0].tolist()],
+            "topk": [round(x, 4) for x in rank_accuracy.sum(dim=1).tolist()],
+            "loss": [round(x, 4) for x in (loss_sum / seen.clamp(min=1)).tolist()],
+            "rank_accuracy": [[round(a, 5) for a in row] for row in rank_accuracy.tolist()]}
+
+
+def split(data: list[SelfDistilled], eval_sequences: int, seed: int) -> tuple[list, list]:
+    """(train, held-out) sequences after a seeded shuffle; the held-out ones are never trained on."""
+    if eval_sequences >= len(data):
+        raise ConfigError(f"train.eval_sequences ({eval_sequences}) must be below the number of "
+                          f"self-distilled sequences ({len(data)})")
+    order = torch.randperm(len(data), generator=seeded(seed)).tolist()
+    return [data[i] for i in order[eval_sequences:]], [data[i] for i in order[:eval_sequences]]
+
+
+def accuracy_table(result: dict) -> str:
+    """Per-head top-1 / top-k accuracy and loss as printable lines."""
+    lines = [f"head  top-1   top-{result['top_k']}  loss   (held-out positions: {result['positions']})"]
+    for k, (top1, topk, loss) in enumerate(zip(result["top1"], result["topk"], result["loss"]), start=1):
+        lines.append(f"{k:>4}  {top1:6.3f}  {topk:6.3f}  {loss:5.2f}")
+    return "\n".join(lines)
+
+
+def already_trained(folder: Path, settings_digest: str) -> dict | None:
+    """The saved training record when ``folder`` holds heads trained with exactly these settings."""
+    import json
+
+    record = folder / TRAINING_FILE
+    if not record.is_file():
+        return None
+    saved = json.loads(record.read_text())
+    return saved if saved.get("digest") == settings_digest else None
+
+
+def main(overrides: list[str]) -> Path:
+    """Train (or reuse) Medusa heads for ``model``; print and save per-head accuracies."""
+    cfg = compose_train("medusa", overrides)
+    validate(cfg)
+    lm = load_target(cfg)
+    data = self_distilled(lm, cfg.prompts, cfg.data_dir, progress=cfg.progress)
+    folder = Path(cfg.output_dir) if cfg.output_dir else trained_dir(lm.name)
+    settings = {"model": model_identity(lm), "data": digest([[d.prompt_ids, d.output_ids] for d in data]),
+                "heads": container(cfg.heads), "train": container(cfg.train)}
+    settings_digest = digest(settings)
+    previous = None if cfg.force else already_trained(folder, settings_digest)
+    if previous is not None:
+        print(f"[specbench] Medusa heads in {folder} are up to date (same settings; force=true retrains)")
+        print(accuracy_table(previous["accuracy"]))
+        return folder
+    train_data, eval_data = split(data, cfg.train.eval_sequences, cfg.train.seed)
+    backbone = lm.model.base_model
+    train = extract_features(backbone, train_data, cfg.heads.num_heads, cfg.train.max_length, cfg.progress)
+    held_out = extract_features(backbone, eval_data, cfg.heads.num_heads, cfg.train.max_length, cfg.progress)
+    device = lm.model.device
+    torch.manual_seed(cfg.train.seed)
+    heads = build_heads(lm.model.get_output_embeddings(), cfg.heads, device)
+    print(f"[specbench] training {cfg.heads.num_heads} Medusa heads on {len(train)} positions "
+          f"({len(train_data)} sequences); {len(held_out)} held-out positions")
+    result = train_heads(heads, train, cfg.train, device, cfg.progress)
+    accuracy = evaluate(heads, held_out, cfg.train.eval_top_k, cfg.train.batch_size, device)
+    print(accuracy_table(accuracy))
+    record = {"digest": settings_digest, **settings, "data_summary": data_summary(data),
+              "train_positions": len(train), "result": result, "accuracy": accuracy,
+              "rank_accuracy": accuracy["rank_accuracy"]}
+    save_heads(heads, folder, lm.path, record)
+    print(f"[specbench] Medusa heads saved to {folder} ({result['steps']} steps, {result['seconds']} s, "
+          f"stopped by {result['stopped_by']})")
+    return folder

@@ -5,7 +5,7 @@ recomputed with ``specbench.metrics.aggregate`` instead of being read from ``sum
 speedup and exact match are computed against the matching AR run on the (sample_id, turn) keys that
 both runs have, since runs can stop at different limits.
 
-Usage: ``python -m specbench.report RUN_DIR [RUN_DIR...] [--csv OUT.csv] [--divergences]``
+Usage: ``python -m specbench.report RUN_DIR [RUN_DIR...] [--csv OUT.csv] [--divergences] [--by category]``
 """
 
 from __future__ import annotations
@@ -167,9 +167,28 @@ def load_samples(paths: Iterable[PathLike]) -> pd.DataFrame:
     return _samples_frame(read_runs(paths))
 
 
-def load(paths: Iterable[PathLike]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Both frames (runs, samples) from a single read of the run directories."""
+def split_by(runs: list[Run], field: str) -> list[Run]:
+    """One part per value of a record field (e.g. MT-Bench ``category``), as if each were a run.
+
+    The value is appended to ``run_dir`` (``RUN#value``) and to ``dataset`` (``dataset/value``), so
+    each part pairs with the same part of its AR baseline through the usual match keys.
+    """
+    parts = []
+    for run in runs:
+        for value in sorted({str(record.get(field)) for record in run.records}):
+            records = [record for record in run.records if str(record.get(field)) == value]
+            identity = {**run.identity, "run_dir": f"{run.identity['run_dir']}#{value}",
+                        "dataset": f"{run.identity['dataset']}/{value}",
+                        "n_samples": len({record["sample_id"] for record in records})}
+            parts.append(Run(identity, records))
+    return parts
+
+
+def load(paths: Iterable[PathLike], by: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Both frames (runs, samples) from a single read of the run directories (split ``by`` a field)."""
     runs = read_runs(paths)
+    if by is not None:
+        runs = split_by(runs, by)
     return _runs_frame(runs), _samples_frame(runs)
 
 
@@ -253,9 +272,9 @@ def _report_table(runs: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
     return report.sort_values(["model", "dataset", "temperature", "method"]).reset_index(drop=True)
 
 
-def table(paths: Iterable[PathLike]) -> pd.DataFrame:
+def table(paths: Iterable[PathLike], by: str | None = None) -> pd.DataFrame:
     """The per-run report: recomputed metrics, speedup and exact-match rate vs the AR baseline."""
-    return _report_table(*load(paths))
+    return _report_table(*load(paths, by))
 
 
 def _for_display(frame: pd.DataFrame) -> pd.DataFrame:
@@ -290,6 +309,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--csv", metavar="OUT.csv", help="also write the table (full precision)")
     parser.add_argument("--divergences", action="store_true",
                         help="also list the samples that differ from AR and where")
+    parser.add_argument("--by", metavar="FIELD",
+                        help="one row per run and value of a sample field, e.g. --by category (MT-Bench)")
     return parser
 
 
@@ -298,7 +319,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        runs, samples = load(args.paths)
+        runs, samples = load(args.paths, args.by)
     except ReportError as error:
         parser.error(str(error))
     report = _report_table(runs, samples)

@@ -216,3 +216,32 @@ def test_malformed_line_before_the_end_is_an_error(tmp_path):
     (run_dir / "samples.jsonl").write_text("\n".join([lines[0][:40], *lines[1:]]) + "\n")
     with pytest.raises(report.ReportError, match="samples.jsonl:1"):
         report.load_runs([run_dir])
+
+
+def _categorized_copies(tmp_path: Path) -> Path:
+    """ar_humaneval and fake_humaneval with categories a (s0, s2) and b (s1, s3)."""
+    import json
+
+    for name in ("ar_humaneval", "fake_humaneval"):
+        run_dir = _copy_run(name, tmp_path)
+        path = run_dir / "samples.jsonl"
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        for record in records:
+            record["category"] = "a" if record["sample_id"] in ("s0", "s2") else "b"
+        path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    return tmp_path
+
+
+def test_by_category_pairs_each_category_with_its_ar_part(tmp_path, capsys):
+    """--by category: one row per run and category, each compared with the AR run's same category."""
+    frame = report.table([_categorized_copies(tmp_path)], by="category")
+    fake_a, fake_b = _row(frame, "fake_humaneval#a"), _row(frame, "fake_humaneval#b")
+    assert (fake_a["dataset"], fake_a["n_samples"], fake_b["n_samples"]) == ("humaneval/a", 2, 2)
+    assert Path(report.match_ar(*report.load([tmp_path], by="category")).set_index("run_dir").loc[
+        fake_a["run_dir"], "ar_run_dir"]).name == "ar_humaneval#a"
+    # a: s0 + s2 = 7 tokens in 0.35 s vs AR's 7 in 0.7 s; b: only s1 is common (5 in 0.25 vs 5 in 0.5)
+    assert fake_a["speedup"] == pytest.approx(2.0) and fake_b["speedup"] == pytest.approx(2.0)
+    assert (fake_a["exact_match_rate"], fake_b["exact_match_rate"]) == (1.0, 0.0)
+    assert fake_a["tokens_per_step"] == pytest.approx((3 + 2) / 2)
+    report.main([str(tmp_path), "--by", "category"])
+    assert "fake_humaneval#b" in capsys.readouterr().out

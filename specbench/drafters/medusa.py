@@ -1,0 +1,161 @@
+"""Medusa (Cai et al. 2024; ALGORITHMS.md section 8): extra heads on the target's last hidden state draft a tree.
+
+Each step verifies ``[root] + static tree``: the root is the token the target committed last
+(``ctx.root``), and a node at depth d with rank i holds the i-th top token of head d. The heads run
+on the hidden state of the LAST ACCEPTED node of the previous verify (``verified.hidden[path[-1]]``,
+position t): the target's own pick there is the next root (t + 1), and head k predicts t + k + 1,
+i.e. the token at depth k under that root. So no separate draft forward is needed.
+
+First step: the prefill returns logits only, so the first step verifies the root alone (an ordinary
+AR step) and its hidden state seeds the heads. This costs one speculative step per generation
+(FasterDecoding runs the heads on the prefill's last row instead); it keeps the shared loop and
+prefill free of method-specific branches.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from specbench.core.acceptance import Acceptance
+from specbench.core.tree import DraftTree
+from specbench.core.verify import VerifyOutput
+from specbench.drafters.base import DecodeContext, Drafter
+from specbench.errors import ConfigError
+from specbench.models.medusa_heads import load_heads
+from specbench.structures.medusa_tree import (
+    TreeLayout,
+    checked_paths,
+    dense_paths,
+    expected_accepted,
+    named_or_listed,
+    sparse_paths,
+)
+
+TREE_KINDS = ("sparse", "dense", "choices")
+
+
+def tree_paths(tree_cfg, rank_accuracy: list[list[float]] | None, num_heads: int) -> tuple[list, str]:
+    """The static tree's rank paths from the method's ``tree`` settings, and how they were chosen."""
+    kind = tree_cfg.get("kind", "sparse")
+    if kind not in TREE_KINDS:
+        raise ConfigError(f"method.drafter.tree.kind must be one of {TREE_KINDS}; got {kind!r}")
+    max_depth = tree_cfg.get("max_depth") or num_heads
+    if not 1 <= max_depth <= num_heads:
+        raise ConfigError(f"method.drafter.tree.max_depth must be in [1, {num_heads}] (the heads); got {max_depth}")
+    if kind == "dense":
+        paths, label = dense_paths(list(tree_cfg.get("sizes") or [])), "dense"
+    elif kind == "sparse" and rank_accuracy is not None:
+        paths = sparse_paths(rank_accuracy, int(tree_cfg.get("node_budget", 63)), max_depth, tree_cfg.get("top_k"))
+        label = "sparse"
+    else:
+        choices = tree_cfg.get("choices")
+        if choices is None:
+            raise ConfigError("method.drafter.tree.choices must name a published tree or list rank paths")
+        label = f"choices:{choices}" if isinstance(choices, str) else "choices:list"
+        if kind == "sparse":
+            print(f"[specbench] medusa: these heads carry no calibration accuracies, so the sparse tree "
+                  f"cannot be built; using tree.choices ({label})", file=sys.stderr)
+        paths = named_or_listed(choices)
+    return checked_paths([path for path in paths if len(path) <= max_depth], num_heads), label
+
+
+class Medusa(Drafter):
+    """Drafts a static Medusa tree from the heads' top-k tokens at the last accepted position."""
+
+    wants_hidden = True
+
+    def __init__(self, heads=None, target_name: str = "", tree=None):
+        self.heads_cfg = heads
+        self.target_name = target_name
+        self.tree_cfg = tree or {}
+        self.heads = None
+        self.layout: TreeLayout | None = None
+        self.origin = self.tree_source = ""
+        self.expected = None
+        self.reset([])
+
+    def setup(self, target, tokenizer) -> None:
+        """Load the heads for this target and fix the tree (calibration table -> sparse tree)."""
+        loaded = load_heads(self.heads_cfg, target, self.target_name)
+        self.heads, self.origin = loaded.heads, loaded.origin
+        paths, self.tree_source = tree_paths(self.tree_cfg, loaded.rank_accuracy, loaded.heads.num_heads)
+        self.layout = TreeLayout.from_paths(paths)
+        if loaded.rank_accuracy is not None and self.layout.top_k <= min(map(len, loaded.rank_accuracy)):
+            self.expected = expected_accepted(list(self.layout.paths), loaded.rank_accuracy)
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        """Forget the previous generation's head predictions; zero the per-generation counters."""
+        depth = self.layout.max_depth if self.layout else 0
+        self.top: list[list[int]] | None = None  # [depth][top_k] token ids for the next tree
+        self.pending: list[tuple[int, int, int]] = []  # (position, head, predicted top-1 token)
+        self.steps = self.tree_steps = self.accepted = 0
+        self.draft_s = self.heads_s = 0.0
+        self.reached = [0] * depth  # tree steps whose accepted path reached depth d+1
+        self.top1_hits = [0] * depth
+        self.top1_seen = [0] * depth
+
+    def propose(self, ctx: DecodeContext) -> DraftTree:
+        """Root-only until the heads have seen a hidden state, then the static tree filled with their tokens."""
+        start = time.perf_counter()
+        self._score_predictions(ctx.tokens)
+        if self.top is None:
+            tree = DraftTree.root_only(ctx.root)
+        else:
+            tree = DraftTree(self.layout.tokens(ctx.root, self.top), list(self.layout.parents))
+        self.draft_s += time.perf_counter() - start
+        return tree
+
+    def observe(self, ctx: DecodeContext, tree: DraftTree, verified: VerifyOutput,
+                accepted: Acceptance) -> None:
+        """Run the heads on the last accepted node's hidden state: tokens for the next step's tree."""
+        start = time.perf_counter()
+        self._count(tree, accepted)
+        last = accepted.path[-1]
+        heads_start = time.perf_counter()
+        logits = self.heads(verified.hidden[last], self.layout.max_depth)  # [depth, vocab]
+        self.top = logits.topk(self.layout.top_k, dim=-1).indices.tolist()  # [depth][top_k]
+        self.heads_s += time.perf_counter() - heads_start
+        next_root = ctx.position + len(accepted.path)  # position of the token the target emits now
+        self.pending.extend((next_root + k, k, self.top[k - 1][0]) for k in range(1, len(self.top) + 1))
+        self.draft_s += time.perf_counter() - start
+
+    def _count(self, tree: DraftTree, accepted: Acceptance) -> None:
+        """Per-step counters: accepted drafted tokens and the depth the accepted path reached."""
+        self.steps += 1
+        self.accepted += len(accepted.path) - 1
+        if len(tree) > 1:
+            self.tree_steps += 1
+            for depth in range(len(accepted.path) - 1):
+                self.reached[depth] += 1
+
+    def _score_predictions(self, tokens: list[int]) -> None:
+        """Compare each head's top-1 guess with the token committed at its position, once known."""
+        waiting = []
+        for position, head, token in self.pending:
+            if position < len(tokens):
+                self.top1_seen[head - 1] += 1
+                self.top1_hits[head - 1] += tokens[position] == token
+            else:
+                waiting.append((position, head, token))
+        self.pending = waiting
+
+    def stats(self) -> dict:
+        """Tree shape, acceptance by depth, each head's online top-1 accuracy, drafting time."""
+        def rate(hits, total):
+            return round(hits / total, 4) if total else None
+        return {
+            "heads": self.origin,
+            "num_heads": self.heads.num_heads if self.heads is not None else None,
+            "tree": self.tree_source,
+            "tree_nodes": self.layout.num_nodes if self.layout else None,
+            "tree_depth": self.layout.max_depth if self.layout else None,
+            "expected_accepted": None if self.expected is None else round(self.expected, 4),
+            "steps": self.steps,
+            "tree_steps": self.tree_steps,
+            "accepted_per_step": rate(self.accepted, self.steps),
+            "depth_accept_rate": [rate(n, self.tree_steps) for n in self.reached],
+            "head_top1_acc": [rate(h, n) for h, n in zip(self.top1_hits, self.top1_seen)],
+            "draft_s": round(self.draft_s, 6),
+            "heads_s": round(self.heads_s, 6),
+        }

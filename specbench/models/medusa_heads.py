@@ -1,0 +1,296 @@
+"""Medusa heads (Cai et al. 2024; ALGORITHMS.md 8.1): K residual SiLU blocks on the target's last hidden state.
+
+Head k (1-based) maps the last hidden state ``h_t`` (after the final norm) to logits for the token at
+``t + k + 1``: ``W_out^(k) (h_t + SiLU(W_in^(k) h_t + b^(k)))``; the target's own LM head predicts
+``t + 1``. ``W_in`` starts at zero and ``W_out`` from the target's LM head, so an untrained head
+copies the LM head.
+
+Checkpoint format (FasterDecoding's, also used for the heads ``python -m specbench.train medusa``
+writes): a folder or Hub repo holding ``config.json`` (``medusa_num_heads``, ``medusa_num_layers``,
+``base_model_name_or_path``) and ``medusa_lm_head.safetensors`` or ``medusa_lm_head.pt``: the state
+dict of K ``Sequential(ResBlock x L, Linear(H, V, bias=False))``, keys ``{k}.{l}.linear.weight|bias``
+and ``{k}.{L}.weight`` (k, l 0-based). Medusa-2 repos (``medusa-1.0-*``) bundle the same keys under
+``medusa_head.`` in the fine-tuned model's (sharded) weight files. A checkpoint without the
+``{k}.{L}.weight`` keys means "W_out = the target's LM head" (FasterDecoding copies the LM head into
+every head before a non-strict load); such heads share the target's LM head instead of copying it.
+The layout (K, L) is read from the keys: the published v1.3 ``config.json`` files under-count heads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specbench.errors import ConfigError, ModelUnavailable
+from specbench.hub import hub_reachable
+from specbench.models.embedded import cache_root
+
+SOURCES = ("hub", "trained", "random")
+WEIGHT_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
+BUNDLED_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json",
+                 "model.safetensors", "pytorch_model.bin")
+BUNDLED_PREFIX = "medusa_head."
+CONFIG_FILE = "config.json"
+TRAINING_FILE = "training.json"
+KEY_PATTERN = re.compile(r"^(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)$")
+
+
+class ResBlock(nn.Module):
+    """``x + SiLU(W_in x + b)``; W_in starts at zero so a fresh block is the identity."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        nn.init.zeros_(self.linear.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + nn.functional.silu(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    """K Medusa heads; ``checkpoint_state()`` is exactly the published ``medusa_lm_head`` layout.
+
+    With ``lm_head`` given, every head's output layer is the target's LM head itself (shared, frozen,
+    neither saved nor trained); otherwise each head owns a ``Linear(H, V)`` (the paper's W_2^(k)).
+    """
+
+    def __init__(self, hidden_size: int, vocab_size: int, num_heads: int, num_layers: int = 1,
+                 lm_head: nn.Module | None = None):
+        super().__init__()
+        if num_heads < 1 or num_layers < 1:
+            raise ConfigError(f"Medusa heads need num_heads >= 1 and num_layers >= 1; got "
+                              f"{num_heads} and {num_layers}")
+        self.hidden_size, self.vocab_size, self.num_layers = hidden_size, vocab_size, num_layers
+        self.heads = nn.ModuleList(self._head(lm_head is None) for _ in range(num_heads))
+        # NOTE: a tuple keeps the target's LM head out of this module's parameters and state dict.
+        self._shared = (lm_head,) if lm_head is not None else None
+
+    def _head(self, own_output: bool) -> nn.Sequential:
+        """One head: L residual blocks, then (unless shared) its own output layer."""
+        blocks = [ResBlock(self.hidden_size) for _ in range(self.num_layers)]
+        if own_output:
+            blocks.append(nn.Linear(self.hidden_size, self.vocab_size, bias=False))
+        return nn.Sequential(*blocks)
+
+    @property
+    def num_heads(self) -> int:
+        return len(self.heads)
+
+    @property
+    def shares_lm_head(self) -> bool:
+        return self._shared is not None
+
+    def checkpoint_state(self) -> dict[str, torch.Tensor]:
+        """The heads' tensors in the published layout (``{k}.{l}.linear.weight``, ...)."""
+        return self.heads.state_dict()
+
+    def load_checkpoint_state(self, state: dict[str, torch.Tensor], assign: bool = False) -> None:
+        """Load tensors in the published layout (strict: every key must fit)."""
+        self.heads.load_state_dict(state, strict=True, assign=assign)
+
+    def forward(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
+        """Logits of the first ``num_heads`` heads: hidden [..., H] -> [K, ..., V]."""
+        outputs = torch.stack([head(hidden) for head in self.heads[:num_heads]])  # [K, ..., H or V]
+        return self._shared[0](outputs) if self._shared is not None else outputs
+
+
+@dataclass
+class LoadedHeads:
+    """Heads ready for the drafter, where they came from, and their calibration table if any."""
+
+    heads: MedusaHeads
+    origin: str  # Hub id, folder, or "random(seed=...)"
+    rank_accuracy: list[list[float]] | None  # a_k^(i): P(head k's i-th top token is right), [K][top_k]
+
+
+def checkpoint_layout(state: dict[str, torch.Tensor]) -> tuple[int, int, bool]:
+    """(num_heads, num_layers, own output layers?) read from a ``medusa_lm_head`` state dict."""
+    matches = [KEY_PATTERN.match(key) for key in state]
+    bad = [key for key, m in zip(state, matches) if m is None]
+    if bad or not state:
+        raise ConfigError(f"not a Medusa heads state dict (unexpected keys {bad[:3] or 'none at all'}); "
+                          f"expected '{{head}}.{{layer}}.linear.weight' / '{{head}}.{{layers}}.weight'")
+    heads = sorted({int(m.group(1)) for m in matches})
+    layers = sorted({int(m.group(2)) for m in matches if m.group(3).startswith("linear")})
+    if heads != list(range(len(heads))) or layers != list(range(len(layers))) or not layers:
+        raise ConfigError(f"Medusa heads state dict has gaps: heads {heads}, residual layers {layers}")
+    outputs = [f"{k}.{len(layers)}.weight" in state for k in heads]
+    if any(outputs) and not all(outputs):
+        raise ConfigError("Medusa heads state dict has output layers for some heads only")
+    return len(heads), len(layers), all(outputs)
+
+
+def heads_from_state(state: dict[str, torch.Tensor], target: nn.Module) -> MedusaHeads:
+    """Build heads for ``target`` from a state dict (no extra copy), on its device and in its dtype."""
+    num_heads, num_layers, own_output = checkpoint_layout(state)
+    lm_head = target.get_output_embeddings()
+    vocab, hidden = lm_head.weight.shape
+    found = state["0.0.linear.weight"].shape
+    if tuple(found) != (hidden, hidden) or (own_output and state[f"0.{num_layers}.weight"].shape[0] != vocab):
+        raise ConfigError(f"Medusa heads do not fit this target: residual block {tuple(found)}, target "
+                          f"hidden size {hidden} and vocabulary {vocab}; use heads trained for this model")
+    with torch.device("meta"):
+        heads = MedusaHeads(hidden, vocab, num_heads, num_layers, None if own_output else lm_head)
+    heads.load_checkpoint_state(state, assign=True)
+    return heads.to(device=lm_head.weight.device, dtype=lm_head.weight.dtype).eval().requires_grad_(False)
+
+
+def random_heads(target: nn.Module, num_heads: int, seed: int, num_layers: int = 1) -> MedusaHeads:
+    """Seeded random heads sharing the target's LM head (tests and smoke runs of the machinery)."""
+    lm_head = target.get_output_embeddings()
+    vocab, hidden = lm_head.weight.shape
+    heads = MedusaHeads(hidden, vocab, num_heads, num_layers, lm_head)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in heads.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator) / hidden ** 0.5)
+    return heads.to(device=lm_head.weight.device, dtype=lm_head.weight.dtype).eval().requires_grad_(False)
+
+
+def read_tensors(path: Path, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Tensors of a .safetensors / .pt / .bin file whose keys start with ``prefix`` (prefix removed)."""
+    if path.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as handle:
+            return {key[len(prefix):]: handle.get_tensor(key) for key in handle.keys() if key.startswith(prefix)}
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError:  # legacy (non-zip) pickles cannot be memory-mapped
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    return {key[len(prefix):]: value for key, value in state.items() if key.startswith(prefix)}
+
+
+class _Files:
+    """Fetches named files of one checkpoint: a local folder, or a Hub repo (cache first)."""
+
+    def __init__(self, path: str, revision: str | None):
+        self.path, self.revision = path, revision
+        self.local = Path(path).is_dir()
+
+    def get(self, name: str, cached_only: bool) -> Path | None:
+        """The file, or None when the folder / repo has no such file."""
+        if self.local:
+            file = Path(self.path) / name
+            return file if file.is_file() else None
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import EntryNotFoundError
+
+        try:
+            return Path(hf_hub_download(self.path, name, revision=self.revision, local_files_only=cached_only))
+        except EntryNotFoundError:
+            return None
+
+
+def _read_checkpoint(files: _Files, cached_only: bool) -> dict[str, torch.Tensor] | None:
+    """The heads' state dict from a separate heads file or a bundled (Medusa-2) model; None if absent."""
+    for name in WEIGHT_FILES:
+        if (file := files.get(name, cached_only)) is not None:
+            return read_tensors(file)
+    for name in BUNDLED_FILES:
+        if (file := files.get(name, cached_only)) is None:
+            continue
+        if not name.endswith(".index.json"):
+            return read_tensors(file, BUNDLED_PREFIX) or None
+        weight_map = json.loads(file.read_text())["weight_map"]
+        shards = sorted({shard for key, shard in weight_map.items() if key.startswith(BUNDLED_PREFIX)})
+        state: dict[str, torch.Tensor] = {}
+        for shard in shards:
+            if (shard_file := files.get(shard, cached_only)) is None:
+                return None  # e.g. the index is cached but this shard is not
+            state.update(read_tensors(shard_file, BUNDLED_PREFIX))
+        return state or None
+    return None
+
+
+def published_heads(path: str, revision: str | None, target: nn.Module) -> LoadedHeads:
+    """Heads from a Hub id or a local folder in FasterDecoding's format (HF cache first, then the Hub)."""
+    files = _Files(path, revision)
+    state = _read_checkpoint(files, cached_only=True)
+    if state is None and not files.local:
+        if not hub_reachable():
+            raise ModelUnavailable(
+                f"Medusa heads '{path}' are not in the local Hugging Face cache and the Hub cannot be "
+                f"reached. Download them where you have network (huggingface-cli download {path} "
+                f"--local-dir DIR) and run with model.medusa.path=DIR.")
+        state = _read_checkpoint(files, cached_only=False)
+    if state is None:
+        raise ConfigError(f"'{path}' holds no Medusa heads (looked for {', '.join(WEIGHT_FILES + BUNDLED_FILES)})")
+    calibration = calibration_table(Path(path)) if files.local else None
+    return LoadedHeads(heads_from_state(state, target), path, calibration)
+
+
+def calibration_table(folder: Path) -> list[list[float]] | None:
+    """The a_k^(i) table a training run saved beside its heads (``training.json``), if any."""
+    training = folder / TRAINING_FILE
+    return json.loads(training.read_text()).get("rank_accuracy") if training.is_file() else None
+
+
+def trained_dir(target_name: str) -> Path:
+    """Where ``python -m specbench.train medusa model=<target_name>`` keeps its heads."""
+    return cache_root() / "medusa" / target_name
+
+
+def trained_heads(target_name: str, target: nn.Module) -> LoadedHeads:
+    """Our own trained heads for ``target_name``, with the calibration table saved beside them."""
+    folder = trained_dir(target_name)
+    weights = folder / WEIGHT_FILES[0]
+    if not weights.is_file():
+        raise ModelUnavailable(
+            f"No trained Medusa heads for model '{target_name}' (looked in {folder}). Train them with: "
+            f"python -m specbench.train medusa model={target_name}")
+    return LoadedHeads(heads_from_state(read_tensors(weights), target), str(folder), calibration_table(folder))
+
+
+def load_heads(node, target: nn.Module, target_name: str) -> LoadedHeads:
+    """The heads a ``conf/model/*.yaml`` ``medusa:`` node names, bound to ``target``."""
+    if node is None:
+        raise ConfigError(f"model '{target_name}' has no 'medusa:' node; add one to its conf/model file "
+                          f"(source: hub | trained | random)")
+    source = node.get("source")
+    if source not in SOURCES:
+        raise ConfigError(f"model.medusa.source must be one of {SOURCES}; got {source!r}")
+    if source == "hub":
+        if not node.get("path"):
+            raise ConfigError("model.medusa.path must name a Hub repo or folder when model.medusa.source=hub")
+        return published_heads(node["path"], node.get("revision"), target)
+    if source == "trained":
+        return trained_heads(target_name, target)
+    seed = int(node.get("seed", 0))
+    heads = random_heads(target, int(node.get("num_heads", 4)), seed, int(node.get("num_layers", 1)))
+    return LoadedHeads(heads, f"random(seed={seed})", None)
+
+
+def save_heads(heads: MedusaHeads, folder: Path, base_model: str, training: dict) -> None:
+    """Write heads + config.json + training.json into ``folder`` atomically (replacing what was there)."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    staging.chmod(0o755)  # mkdtemp makes it private; the heads are an ordinary cache entry
+    try:
+        from safetensors.torch import save_file
+
+        state = {key: value.detach().contiguous().cpu() for key, value in heads.checkpoint_state().items()}
+        save_file(state, str(staging / WEIGHT_FILES[0]))
+        config = {"medusa_num_heads": heads.num_heads, "medusa_num_layers": heads.num_layers,
+                  "base_model_name_or_path": base_model, "hidden_size": heads.hidden_size,
+                  "vocab_size": heads.vocab_size, "shares_lm_head": heads.shares_lm_head}
+        (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+        (staging / TRAINING_FILE).write_text(json.dumps(training, indent=2) + "\n")
+        if folder.exists():
+            old = folder.with_name(f".{folder.name}-old-{os.getpid()}")
+            folder.rename(old)
+            staging.rename(folder)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            staging.rename(folder)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)

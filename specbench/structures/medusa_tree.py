@@ -1,0 +1,144 @@
+"""Medusa's static token trees (Cai et al. 2024, sections 3.1.2 and 3.3.3; ALGORITHMS.md 8.2).
+
+A tree is a set of rank paths ("medusa choices"): the path ``(i_1, ..., i_d)`` is the node at depth
+``d`` that holds head ``d``'s ``i_d``-th top token (0-based) under the node ``(i_1, ..., i_{d-1})``;
+the root (depth 0) is the committed token. Three ways to get one:
+- dense: the Cartesian product of every head's top-``s_k`` (``sum_k prod_{i<=k} s_i`` nodes);
+- sparse: greedy on calibration accuracies ``a_k^(i)`` (head k's i-th top token is right): a node's
+  value is the product of the accuracies along its path, the tree's expected acceptance length is
+  the sum of its nodes' values, and the greedy adds the best node whose parent is in the tree until
+  the node budget is spent. Values never grow along a path (accuracies are <= 1), so the greedy
+  always takes a largest value left anywhere, hence the sum of the ``n`` largest values: optimal;
+- an explicit list of paths, e.g. a published tree (``PUBLISHED``).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from itertools import product
+
+from specbench.errors import ConfigError
+
+RankPath = tuple[int, ...]
+
+# FasterDecoding/Medusa's default tree for Medusa-1 heads (``mc_sim_7b_63``, medusa_choices.py at
+# e2a5d20): 63 nodes, depth 4, ranks < 10. Published tree data, kept verbatim for reproduction.
+PUBLISHED: dict[str, list[list[int]]] = {
+    "mc_sim_7b_63": [
+        [0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0], [0, 2], [3], [0, 3], [4], [0, 4], [2, 0],
+        [0, 5], [0, 0, 1], [5], [0, 6], [6], [0, 7], [0, 1, 0], [1, 1], [7], [0, 8], [0, 0, 2], [3, 0],
+        [0, 9], [8], [9], [1, 0, 0], [0, 2, 0], [1, 2], [0, 0, 3], [4, 0], [2, 1], [0, 0, 4], [0, 0, 5],
+        [0, 0, 0, 0], [0, 1, 1], [0, 0, 6], [0, 3, 0], [5, 0], [1, 3], [0, 0, 7], [0, 0, 8], [0, 0, 9],
+        [6, 0], [0, 4, 0], [1, 4], [7, 0], [0, 1, 2], [2, 0, 0], [3, 1], [2, 2], [8, 0], [0, 5, 0],
+        [1, 5], [1, 0, 1], [0, 2, 1], [9, 0], [0, 6, 0], [0, 0, 0, 1], [1, 6], [0, 7, 0],
+    ],
+}
+
+
+def dense_paths(sizes: list[int]) -> list[RankPath]:
+    """Cartesian-product tree: every node of depth d <= len(sizes) with rank i_k < s_k at each depth k."""
+    if not sizes or any(int(s) < 1 for s in sizes):
+        raise ConfigError(f"method.drafter.tree.sizes (s_k) must be a non-empty list of ints >= 1; got {sizes}")
+    return [path for depth in range(1, len(sizes) + 1)
+            for path in product(*(range(int(s)) for s in sizes[:depth]))]
+
+
+def path_value(path: RankPath, rank_accuracy: list[list[float]]) -> float:
+    """Estimated probability that the node is accepted: prod_j a_j^(i_j)."""
+    value = 1.0
+    for depth, rank in enumerate(path):
+        value *= rank_accuracy[depth][rank]
+    return value
+
+
+def expected_accepted(paths: list[RankPath], rank_accuracy: list[list[float]]) -> float:
+    """Expected number of accepted drafted tokens per step: the sum of every node's value (3.3.3)."""
+    return sum(path_value(path, rank_accuracy) for path in paths)
+
+
+def sparse_paths(rank_accuracy: list[list[float]], node_budget: int, max_depth: int | None = None,
+                 top_k: int | None = None) -> list[RankPath]:
+    """Greedy tree of ``node_budget`` nodes maximising the expected acceptance length (optimal, see module doc)."""
+    if node_budget < 1:
+        raise ConfigError(f"method.drafter.tree.node_budget must be >= 1; got {node_budget}")
+    if any(not 0.0 <= a <= 1.0 for row in rank_accuracy for a in row):
+        raise ConfigError("Medusa calibration accuracies a_k^(i) must lie in [0, 1]")
+    depth_limit = min(len(rank_accuracy), max_depth or len(rank_accuracy))
+    width = [min(len(row), top_k or len(row)) for row in rank_accuracy]
+    frontier: list[tuple[float, RankPath]] = []
+
+    def push_children(parent: RankPath) -> None:
+        depth = len(parent)
+        if depth < depth_limit:
+            for rank in range(width[depth]):
+                child = (*parent, rank)
+                heapq.heappush(frontier, (-path_value(child, rank_accuracy), child))
+
+    push_children(())
+    chosen: list[RankPath] = []
+    while frontier and len(chosen) < node_budget:
+        _, path = heapq.heappop(frontier)  # ties: the lexicographically smaller path first
+        chosen.append(path)
+        push_children(path)
+    return chosen
+
+
+def checked_paths(paths, num_heads: int) -> list[RankPath]:
+    """Rank paths from config (lists of ints), validated: non-empty, ranks >= 0, prefix-closed, depth <= heads."""
+    cleaned = {tuple(int(rank) for rank in path) for path in paths}
+    if not cleaned or any(not path or min(path) < 0 for path in cleaned):
+        raise ConfigError("a Medusa tree needs non-empty rank paths with ranks >= 0, e.g. [[0], [0, 0], [1]]")
+    missing = sorted(path[:-1] for path in cleaned if len(path) > 1 and path[:-1] not in cleaned)
+    if missing:
+        raise ConfigError(f"Medusa tree paths must be prefix-closed; missing parent path {list(missing[0])}")
+    deepest = max(map(len, cleaned))
+    if deepest > num_heads:
+        raise ConfigError(f"the Medusa tree is {deepest} deep but the heads predict only {num_heads} tokens ahead")
+    return sorted(cleaned, key=lambda path: (len(path), path))
+
+
+def named_or_listed(choices) -> list[list[int]]:
+    """A published tree by name, or the list of paths itself."""
+    if isinstance(choices, str):
+        if choices not in PUBLISHED:
+            raise ConfigError(f"unknown Medusa tree {choices!r}; published trees: {sorted(PUBLISHED)} "
+                              f"(or give a list of rank paths)")
+        return PUBLISHED[choices]
+    return list(choices)
+
+
+@dataclass(frozen=True)
+class TreeLayout:
+    """A static tree in topological order (by depth, then path): parent, depth and rank per drafted node."""
+
+    paths: tuple[RankPath, ...]
+    parents: tuple[int, ...]  # node 0 = root (-1); node i >= 1 drafts ``paths[i - 1]``
+    depths: tuple[int, ...]  # drafted nodes only
+    ranks: tuple[int, ...]  # drafted nodes only
+
+    @classmethod
+    def from_paths(cls, paths: list[RankPath]) -> "TreeLayout":
+        """Lay out prefix-closed rank paths; parents precede children."""
+        ordered = sorted(set(paths), key=lambda path: (len(path), path))
+        index = {(): 0, **{path: i for i, path in enumerate(ordered, start=1)}}
+        parents = (-1, *(index[path[:-1]] for path in ordered))
+        return cls(tuple(ordered), parents, tuple(map(len, ordered)), tuple(path[-1] for path in ordered))
+
+    @property
+    def num_nodes(self) -> int:
+        """Drafted nodes (root excluded)."""
+        return len(self.paths)
+
+    @property
+    def max_depth(self) -> int:
+        return max(self.depths, default=0)
+
+    @property
+    def top_k(self) -> int:
+        """Candidate ranks needed from every head."""
+        return max(self.ranks, default=-1) + 1
+
+    def tokens(self, root: int, top: list[list[int]]) -> list[int]:
+        """Node tokens: the root, then head ``depth``'s ``rank``-th top token per drafted node."""
+        return [root, *(top[depth - 1][rank] for depth, rank in zip(self.depths, self.ranks))]

@@ -4,8 +4,9 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 SHARED ?= $(abspath ../shared)
 export SPECBENCH_DATA_DIR ?= $(SHARED)/datasets
+export SPECBENCH_CORPUS_DIR ?= $(SHARED)/corpus/sotu_1946_2026
 
-.PHONY: install demo test bench-ar profile report clean
+.PHONY: install demo test bench-ar bench-model-free bench-draft bench-medusa train-draft train-medusa profile report clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -21,6 +22,23 @@ demo: install  ## the main job on the embedded default (AR x SmolLM2-135M x Huma
 
 test: install  ## the whole test suite
 	$(PY) -m pytest -q
+
+bench-model-free: install  ## AR, HF prompt lookup, PLD, ANPD, Lookahead, LADE, Self-Draft: one process, same prompts
+	$(PY) -m specbench.bench model_free
+
+bench-draft: install train-draft  ## SpeDe vs HF assisted, OPT-Tree vs binary vs EAGLE trees, then OPT-Tree sweeps
+	$(PY) -m specbench.bench draft_model
+	$(PY) -m specbench.bench opt_tree_sweep
+
+bench-medusa: install train-medusa  ## AR vs Medusa (trained heads), then tree-size and epsilon sweeps
+	$(PY) -m specbench.bench medusa
+	$(PY) -m specbench.bench medusa_sweep
+
+train-draft: install  ## distill the embedded model's draft once (cached in $SPECBENCH_CACHE)
+	$(PY) -m specbench.train draft model=smollm2_135m
+
+train-medusa: install  ## train the embedded model's Medusa heads once (cached in $SPECBENCH_CACHE)
+	$(PY) -m specbench.train medusa model=smollm2_135m
 
 bench-ar: install  ## specbench AR vs HF generate greedy throughput on the same prompts, one process
 	$(PY) -m specbench.bench ar_vs_hf

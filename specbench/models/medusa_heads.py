@@ -19,10 +19,7 @@ The layout (K, L) is read from the keys: the published v1.3 ``config.json`` file
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +29,7 @@ from torch import nn
 from specbench.errors import ConfigError, ModelUnavailable
 from specbench.hub import hub_reachable
 from specbench.models.embedded import cache_root
+from specbench.store import atomic_dir
 
 SOURCES = ("hub", "trained", "random")
 WEIGHT_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
@@ -271,12 +269,9 @@ def load_heads(node, target: nn.Module, target_name: str) -> LoadedHeads:
 
 def save_heads(heads: MedusaHeads, folder: Path, base_model: str, training: dict) -> None:
     """Write heads + config.json + training.json into ``folder`` atomically (replacing what was there)."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
-    staging.chmod(0o755)  # mkdtemp makes it private; the heads are an ordinary cache entry
-    try:
-        from safetensors.torch import save_file
+    from safetensors.torch import save_file
 
+    with atomic_dir(folder) as staging:
         state = {key: value.detach().contiguous().cpu() for key, value in heads.checkpoint_state().items()}
         save_file(state, str(staging / WEIGHT_FILES[0]))
         config = {"medusa_num_heads": heads.num_heads, "medusa_num_layers": heads.num_layers,
@@ -284,13 +279,3 @@ def save_heads(heads: MedusaHeads, folder: Path, base_model: str, training: dict
                   "vocab_size": heads.vocab_size, "shares_lm_head": heads.shares_lm_head}
         (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
         (staging / TRAINING_FILE).write_text(json.dumps(training, indent=2) + "\n")
-        if folder.exists():
-            old = folder.with_name(f".{folder.name}-old-{os.getpid()}")
-            folder.rename(old)
-            staging.rename(folder)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            staging.rename(folder)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)

@@ -43,7 +43,26 @@ class _Successors:
         return False
 
 
-class MultiLevelNgram:
+class _TokenStream:
+    """A token history fed one token at a time; subclasses index each token in ``append``."""
+
+    history: list[int]
+
+    def __len__(self) -> int:
+        """Tokens fed so far."""
+        return len(self.history)
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        """Feed several tokens in order."""
+        for token in tokens:
+            self.append(token)
+
+    def append(self, token: int) -> None:
+        """Feed one token."""
+        raise NotImplementedError
+
+
+class MultiLevelNgram(_TokenStream):
     """ANPD's Multi-Level N-gram (MLN): next-token counts per (n-1)-token context for n = 2..N.
 
     ``append`` counts the new token after the n-1 tokens before it at every level. ``predict`` tries
@@ -60,15 +79,6 @@ class MultiLevelNgram:
         self.levels = tuple(range(max_ngram_size, 1, -1)) if multi_level else (max_ngram_size,)  # query order
         self.tables: dict[int, dict[tuple[int, ...], _Successors]] = {n: {} for n in self.levels}
         self.history: list[int] = []
-
-    def __len__(self) -> int:
-        """Tokens fed so far."""
-        return len(self.history)
-
-    def extend(self, tokens: Iterable[int]) -> None:
-        """Feed several tokens in order."""
-        for token in tokens:
-            self.append(token)
 
     def append(self, token: int) -> None:
         """Count ``token`` after its (n-1)-token context at every level."""
@@ -117,7 +127,7 @@ class MultiLevelNgram:
         return {f"n={n}": len(self.tables[n]) for n in sorted(self.tables)}
 
 
-class PromptLookupIndex:
+class PromptLookupIndex(_TokenStream):
     """Prompt lookup: the continuation after an earlier occurrence of the context's last n tokens.
 
     For every n-gram size n (``max_ngram_size`` down to ``min_ngram_size``) a dict maps each n-gram
@@ -157,15 +167,6 @@ class PromptLookupIndex:
         self.keep_first = occurrence == "first"
         self.tables: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.ngram_sizes}
         self.history: list[int] = []
-
-    def __len__(self) -> int:
-        """Tokens fed so far."""
-        return len(self.history)
-
-    def extend(self, tokens: Iterable[int]) -> None:
-        """Feed several tokens in order."""
-        for token in tokens:
-            self.append(token)
 
     def append(self, token: int) -> None:
         """Index the n-grams ending at the previous last token, then make ``token`` the last one."""

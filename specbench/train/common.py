@@ -1,13 +1,9 @@
-"""Helpers every ``specbench.train`` command shares: config, digests, the target, atomic outputs."""
+"""Helpers every ``specbench.train`` command shares: config, digests, the target, JSON outputs."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import shutil
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -55,24 +51,4 @@ def load_target(cfg: DictConfig) -> LoadedModel:
 def write_json(path: Path, data: dict) -> None:
     """Write ``data`` as indented JSON (the caller makes the enclosing directory atomic)."""
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-
-
-@contextmanager
-def atomic_dir(target: Path) -> Iterator[Path]:
-    """A staging directory beside ``target`` that replaces it only when the ``with`` block succeeds."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    staging.chmod(0o755)  # mkdtemp makes it private; the result is an ordinary shared cache folder
-    try:
-        yield staging
-        if target.exists():
-            old = target.with_name(f".{target.name}-old")
-            shutil.rmtree(old, ignore_errors=True)
-            target.rename(old)
-            staging.rename(target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            staging.rename(target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 

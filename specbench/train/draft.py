@@ -33,9 +33,10 @@ from tqdm import tqdm
 from specbench import environment
 from specbench.errors import ConfigError
 from specbench.models.embedded import cache_root
+from specbench.store import atomic_dir
 from specbench.train.agreement import agreement_report, expected_speedup, latency_report
 from specbench.train.batches import Batch, answer_logits, check_soft_labels, collate
-from specbench.train.common import atomic_dir, compose_train, container, digest, load_target, write_json
+from specbench.train.common import compose_train, container, digest, load_target, write_json
 from specbench.train.selfdistill import SelfDistilled, data_summary, self_distilled
 from specbench.train.selfdistill import validate as validate_prompts
 

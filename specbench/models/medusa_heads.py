@@ -219,7 +219,10 @@ def published_heads(path: str, revision: str | None, target: nn.Module) -> Loade
                 f"Medusa heads '{path}' are not in the local Hugging Face cache and the Hub cannot be "
                 f"reached. Download them where you have network (huggingface-cli download {path} "
                 f"--local-dir DIR) and run with model.medusa.path=DIR.")
-        state = _read_checkpoint(files, cached_only=False)
+        try:
+            state = _read_checkpoint(files, cached_only=False)
+        except OSError as error:  # unknown or gated repo, bad revision, network failure
+            raise ModelUnavailable(f"Medusa heads '{path}' cannot be downloaded: {error}") from None
     if state is None:
         raise ConfigError(f"'{path}' holds no Medusa heads (looked for {', '.join(WEIGHT_FILES + BUNDLED_FILES)})")
     calibration = calibration_table(Path(path)) if files.local else None

@@ -284,3 +284,17 @@ def test_embedded_greedy_equals_ar(embedded, embedded_case, name, draft):
     assert gen.output_ids == truth
     if draft == "self":
         assert gen.target_forwards < len(truth) / 2
+
+
+@pytest.mark.slow
+def test_distilled_draft_loads_when_trained(embedded):
+    """The embedded model's default draft node (source: distilled) loads and shares the tokenizer."""
+    from specbench.config import compose_config
+    from specbench.train.draft import distilled_draft_dir
+
+    if not distilled_draft_dir("smollm2_135m").is_dir():
+        pytest.skip("no distilled draft yet (python -m specbench.train draft model=smollm2_135m)")
+    cfg = compose_config("model=smollm2_135m", "method=spede")
+    draft = load_draft(cfg.method.drafter.draft, cfg.method.drafter.target_name, embedded.model, embedded.tokenizer)
+    assert draft.path.endswith("smollm2_135m-distilled") and draft.tokenizer is not None
+    assert draft.model.dtype == embedded.model.dtype

@@ -26,7 +26,6 @@ from specbench.models.medusa_heads import (
     trained_dir,
 )
 from specbench.structures.medusa_tree import (
-    PUBLISHED,
     TreeLayout,
     checked_paths,
     dense_paths,
@@ -36,11 +35,13 @@ from specbench.structures.medusa_tree import (
 from tests.test_loop import ar_greedy
 
 RANDOM_HEADS = {"source": "random", "num_heads": 4, "seed": 0}
+# a 63-node, 4-deep tree with ranks up to 9, shaped like a calibrated sparse tree (geometric accuracies)
+SPARSE_63 = [list(path) for path in sparse_paths([[0.6 * 0.5 ** rank for rank in range(10)]] * 4, 63)]
 
 
 def medusa(heads=None, **tree) -> Medusa:
-    """A Medusa drafter from plain dicts (random heads and the published tree unless told otherwise)."""
-    tree = {"kind": "choices", "choices": "mc_sim_7b_63", **tree}
+    """A Medusa drafter from plain dicts (random heads and a 63-node sparse-shaped tree unless told otherwise)."""
+    tree = {"kind": "choices", "choices": SPARSE_63, **tree}
     return Medusa(OmegaConf.create(heads or RANDOM_HEADS), "test_model", OmegaConf.create(tree))
 
 
@@ -211,10 +212,10 @@ def test_dense_paths_count_and_layout():
         dense_paths([2, 0])
 
 
-def test_choices_validation_and_published_tree():
-    mc = checked_paths(PUBLISHED["mc_sim_7b_63"], 5)
-    assert len(mc) == 63 and max(map(len, mc)) == 4
-    assert TreeLayout.from_paths(mc).top_k == 10
+def test_choices_validation():
+    paths = checked_paths(SPARSE_63, 5)
+    assert len(paths) == 63 and max(map(len, paths)) == 4
+    assert TreeLayout.from_paths(paths).top_k == max(path[0] for path in paths) + 1
     with pytest.raises(ConfigError, match="prefix-closed"):
         checked_paths([[0], [1, 0]], 3)
     with pytest.raises(ConfigError, match="predict only 1"):
@@ -222,11 +223,15 @@ def test_choices_validation_and_published_tree():
 
 
 def test_tree_settings():
-    cfg = OmegaConf.create({"kind": "sparse", "node_budget": 4, "choices": "mc_sim_7b_63"})
+    cfg = OmegaConf.create({"kind": "sparse", "node_budget": 4, "sizes": [3, 2]})
     paths, source = tree_paths(cfg, [[0.6, 0.3], [0.5, 0.1]], 2)
     assert source == "sparse" and paths == [(0,), (1,), (0, 0), (1, 0)]  # values .6 .3 .3 .15
-    paths, source = tree_paths(cfg, None, 5)  # published heads: no calibration table
-    assert source == "choices:mc_sim_7b_63" and len(paths) == 63
+    paths, source = tree_paths(cfg, None, 5)  # published heads: no calibration table -> dense sizes
+    assert source == "dense" and len(paths) == 3 + 3 * 2
+    listed = OmegaConf.create({"kind": "choices", "choices": [[0], [0, 0], [1]]})
+    assert tree_paths(listed, None, 2) == ([(0,), (1,), (0, 0)], "choices")
+    with pytest.raises(ConfigError, match="list rank paths"):
+        tree_paths(OmegaConf.create({"kind": "choices", "choices": "mc_sim_7b_63"}), None, 2)
     with pytest.raises(ConfigError, match="kind"):
         tree_paths(OmegaConf.create({"kind": "bushy"}), None, 2)
     with pytest.raises(ConfigError, match="max_depth"):

@@ -28,7 +28,6 @@ from specbench.structures.medusa_tree import (
     checked_paths,
     dense_paths,
     expected_accepted,
-    named_or_listed,
     sparse_paths,
 )
 
@@ -43,20 +42,21 @@ def tree_paths(tree_cfg, rank_accuracy: list[list[float]] | None, num_heads: int
     max_depth = tree_cfg.get("max_depth") or num_heads
     if not 1 <= max_depth <= num_heads:
         raise ConfigError(f"method.drafter.tree.max_depth must be in [1, {num_heads}] (the heads); got {max_depth}")
+    if kind == "sparse" and rank_accuracy is None:
+        print("[specbench] medusa: these heads carry no calibration accuracies (published heads), so the "
+              "sparse tree cannot be built; using the dense tree of tree.sizes (or give tree.kind=choices "
+              "with tree.choices=[[0], [0, 0], ...])", file=sys.stderr)
+        kind = "dense"
     if kind == "dense":
         paths, label = dense_paths(list(tree_cfg.get("sizes") or [])), "dense"
-    elif kind == "sparse" and rank_accuracy is not None:
+    elif kind == "sparse":
         paths = sparse_paths(rank_accuracy, int(tree_cfg.get("node_budget", 63)), max_depth, tree_cfg.get("top_k"))
         label = "sparse"
     else:
         choices = tree_cfg.get("choices")
-        if choices is None:
-            raise ConfigError("method.drafter.tree.choices must name a published tree or list rank paths")
-        label = f"choices:{choices}" if isinstance(choices, str) else "choices:list"
-        if kind == "sparse":
-            print(f"[specbench] medusa: these heads carry no calibration accuracies, so the sparse tree "
-                  f"cannot be built; using tree.choices ({label})", file=sys.stderr)
-        paths = named_or_listed(choices)
+        if not choices or isinstance(choices, str):
+            raise ConfigError("method.drafter.tree.choices must list rank paths, e.g. [[0], [0, 0], [1]]")
+        paths, label = list(choices), "choices"
     return checked_paths([path for path in paths if len(path) <= max_depth], num_heads), label
 
 

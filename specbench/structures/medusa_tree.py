@@ -9,7 +9,7 @@ the root (depth 0) is the committed token. Three ways to get one:
   the sum of its nodes' values, and the greedy adds the best node whose parent is in the tree until
   the node budget is spent. Values never grow along a path (accuracies are <= 1), so the greedy
   always takes a largest value left anywhere, hence the sum of the ``n`` largest values: optimal;
-- an explicit list of paths, e.g. a published tree (``PUBLISHED``).
+- an explicit list of paths (e.g. a tree published with a checkpoint).
 """
 
 from __future__ import annotations
@@ -21,20 +21,6 @@ from itertools import product
 from specbench.errors import ConfigError
 
 RankPath = tuple[int, ...]
-
-# FasterDecoding/Medusa's default tree for Medusa-1 heads (``mc_sim_7b_63``, medusa_choices.py at
-# e2a5d20): 63 nodes, depth 4, ranks < 10. Published tree data, kept verbatim for reproduction.
-PUBLISHED: dict[str, list[list[int]]] = {
-    "mc_sim_7b_63": [
-        [0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0], [0, 2], [3], [0, 3], [4], [0, 4], [2, 0],
-        [0, 5], [0, 0, 1], [5], [0, 6], [6], [0, 7], [0, 1, 0], [1, 1], [7], [0, 8], [0, 0, 2], [3, 0],
-        [0, 9], [8], [9], [1, 0, 0], [0, 2, 0], [1, 2], [0, 0, 3], [4, 0], [2, 1], [0, 0, 4], [0, 0, 5],
-        [0, 0, 0, 0], [0, 1, 1], [0, 0, 6], [0, 3, 0], [5, 0], [1, 3], [0, 0, 7], [0, 0, 8], [0, 0, 9],
-        [6, 0], [0, 4, 0], [1, 4], [7, 0], [0, 1, 2], [2, 0, 0], [3, 1], [2, 2], [8, 0], [0, 5, 0],
-        [1, 5], [1, 0, 1], [0, 2, 1], [9, 0], [0, 6, 0], [0, 0, 0, 1], [1, 6], [0, 7, 0],
-    ],
-}
-
 
 def dense_paths(sizes: list[int]) -> list[RankPath]:
     """Cartesian-product tree: every node of depth d <= len(sizes) with rank i_k < s_k at each depth k."""
@@ -96,16 +82,6 @@ def checked_paths(paths, num_heads: int) -> list[RankPath]:
     if deepest > num_heads:
         raise ConfigError(f"the Medusa tree is {deepest} deep but the heads predict only {num_heads} tokens ahead")
     return sorted(cleaned, key=lambda path: (len(path), path))
-
-
-def named_or_listed(choices) -> list[list[int]]:
-    """A published tree by name, or the list of paths itself."""
-    if isinstance(choices, str):
-        if choices not in PUBLISHED:
-            raise ConfigError(f"unknown Medusa tree {choices!r}; published trees: {sorted(PUBLISHED)} "
-                              f"(or give a list of rank paths)")
-        return PUBLISHED[choices]
-    return list(choices)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ test: install  ## the whole test suite
 bench-model-free: install  ## AR, HF prompt lookup, PLD, ANPD, Lookahead, LADE, Self-Draft: one process, same prompts
 	$(PY) -m specbench.bench model_free
 
-bench-draft: install train-draft  ## SpeDe vs HF assisted, OPT-Tree vs binary vs EAGLE trees, then OPT-Tree sweeps
+bench-draft: install train-draft  ## SpeDe vs HF assisted, OPT-Tree vs binary vs static trees, then OPT-Tree sweeps
 	$(PY) -m specbench.bench draft_model
 	$(PY) -m specbench.bench opt_tree_sweep
 

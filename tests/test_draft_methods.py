@@ -41,7 +41,7 @@ def drafters(draft):
         "spede": SpeDe(num_assistant_tokens=4, draft=cfg),
         "spede_constant": SpeDe(num_assistant_tokens=3, schedule="constant", draft=cfg),
         "opt_tree": OptTree(nodes=12, threshold=0.2, max_depth=6, draft=cfg),
-        "eagle_tree": FixedTree(shape="eagle", draft=cfg),
+        "static_tree": FixedTree(shape="static", rank_hits=[0.5, 0.2, 0.1, 0.05], draft=cfg),
         "binary_tree": FixedTree(shape="binary", nodes=14, draft=cfg),
     }
 
@@ -58,7 +58,7 @@ def prompts(vocab: int, count: int = 2, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(vocab) for _ in range(rng.randrange(3, 20))] for _ in range(count)]
 
 
-@pytest.mark.parametrize("name", ["spede", "spede_constant", "opt_tree", "eagle_tree", "binary_tree"])
+@pytest.mark.parametrize("name", ["spede", "spede_constant", "opt_tree", "static_tree", "binary_tree"])
 def test_greedy_equals_ar_with_good_and_bad_drafts(pair, name):
     target, other = pair
     for prompt in prompts(97):
@@ -82,7 +82,7 @@ def test_same_model_draft_is_fully_accepted(pair):
     assert gen.accept_lengths[:-1] == [4] * (len(gen.accept_lengths) - 1)
 
 
-@pytest.mark.parametrize("name", ["spede", "opt_tree", "eagle_tree"])
+@pytest.mark.parametrize("name", ["spede", "opt_tree", "static_tree"])
 def test_eos_inside_a_draft_and_budget_cut(pair, name):
     target, _ = pair
     prompt = [5, 6, 7]

@@ -13,7 +13,7 @@ from specbench.drafters.base import DecodeContext
 from specbench.drafters.opt_tree import FixedTree, OptTree, OptTreeBuilder
 from specbench.drafters.spede import SpeDe
 from specbench.errors import ConfigError
-from specbench.structures.tree_shapes import EAGLE_PATHS, TreeShape, binary_paths
+from specbench.structures.tree_shapes import TreeShape, binary_paths, static_paths
 from tests.conftest import tiny_model
 
 
@@ -141,9 +141,15 @@ def test_bad_hyperparameters_name_the_key():
 
 
 def test_tree_shapes():
-    eagle = TreeShape.from_paths(EAGLE_PATHS)
-    assert len(eagle) - 1 == 25 and eagle.max_depth == 5
-    assert [len(eagle.layer(d)) for d in range(1, 6)] == [4, 8, 8, 3, 2]
+    static = TreeShape.from_paths(static_paths([0.5, 0.2, 0.1], nodes=7, max_depth=3))
+    # values: (0) .5, (1) .2, (0,0) .25, (0,0,0) .125, (0,1) .1, (1,0) .1, (2) .1, (0,0,1) .05 ...
+    assert len(static) - 1 == 7 and static.max_depth == 3
+    assert [len(static.layer(d)) for d in range(1, 4)] == [3, 3, 1]
+    assert static_paths([0.9, 0.05], nodes=3, max_depth=2) == [(0,), (0, 0), (1,)]  # depth capped at 2
+    for bad in ({"rank_hits": [], "nodes": 3, "max_depth": 2}, {"rank_hits": [0.5], "nodes": 0, "max_depth": 2},
+                {"rank_hits": [0.5], "nodes": 3, "max_depth": 0}):
+        with pytest.raises(ConfigError):
+            static_paths(**bad)
     assert len(binary_paths(30)) == 30 and max(map(len, binary_paths(30))) == 4
     binary = TreeShape.from_paths(binary_paths(25))
     assert [len(binary.layer(d)) for d in range(1, 5)] == [2, 4, 8, 11]

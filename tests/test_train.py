@@ -161,7 +161,9 @@ def test_train_draft_end_to_end_saves_a_loadable_draft_once(cache, shared_data, 
     assert out.parent == cache / "drafts" and "agreement" in capsys.readouterr().out
     record = json.loads((out / "training.json").read_text())
     assert record["training"]["steps_done"] == 3 and record["draft"]["copied_target_layers"] == [0]
-    assert 0 <= record["heldout"]["after_training"]["agreement"] <= 1
+    after = record["heldout"]["after_training"]
+    assert 0 <= after["agreement"] <= 1 and len(after["rank_hits"]) == 8
+    assert after["rank_hits"][0] == after["agreement"] and sum(after["rank_hits"]) <= 1 + 1e-3
     assert record["latency"]["draft_step_ms"] > 0 and "tokens_per_step_gamma4" in record["heldout"]["after_training"]
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.config.num_hidden_layers == 1 and model.config.vocab_size == 49152

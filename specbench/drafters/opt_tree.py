@@ -7,8 +7,8 @@ then the global top-n. Drafting stops when the gain in E (sum of the top-n p̂ o
 is <= threshold or the depth limit is reached; the tree verified is the top-n nodes by p̂, which
 always contains the root and is closed under parents (p̂ decreases along every path).
 
-The paper's fixed-tree baselines run on the same drafter: ``FixedTree`` fills a fixed shape (EAGLE's
-25-node tree, a binary tree, or any list of rank paths) with the draft's top-k tokens per node (or,
+The paper's fixed-tree baselines run on the same drafter: ``FixedTree`` fills a fixed shape (a static
+tree built from the draft's rank profile, a binary tree, or any list of rank paths) with the draft's top-k tokens per node (or,
 with ``sample_children``, draws without replacement recorded for the ``speculative`` rule).
 """
 
@@ -24,7 +24,7 @@ from specbench.core.tree import DraftTree
 from specbench.drafters.base import DecodeContext
 from specbench.drafters.draft_model import DraftModelDrafter, positive_int
 from specbench.errors import ConfigError
-from specbench.structures.tree_shapes import EAGLE_PATHS, TreeShape, binary_paths
+from specbench.structures.tree_shapes import TreeShape, binary_paths, static_paths
 
 
 class OptTreeBuilder:
@@ -168,13 +168,13 @@ class OptTree(LayeredTreeDrafter):
                 "step_expected_accept": self.step_expected, "step_accepted": self.step_accepted}
 
 
-SHAPES = ("eagle", "binary", "paths")
+SHAPES = ("static", "binary", "paths")
 
 
-def tree_shape(shape: str, nodes: int | None, paths) -> TreeShape:
-    """The fixed shape named by the config: EAGLE's 25-node tree, a binary tree of ``nodes``, or ``paths``."""
-    if shape == "eagle":
-        return TreeShape.from_paths(EAGLE_PATHS)
+def tree_shape(shape: str, nodes: int | None, paths, rank_hits, max_depth: int | None) -> TreeShape:
+    """The fixed shape named by the config: a static tree from a rank profile, a binary tree, or ``paths``."""
+    if shape == "static":
+        return TreeShape.from_paths(static_paths(rank_hits, nodes, max_depth))
     if shape == "binary":
         return TreeShape.from_paths(binary_paths(nodes))
     if shape == "paths":
@@ -185,7 +185,7 @@ def tree_shape(shape: str, nodes: int | None, paths) -> TreeShape:
 
 
 class FixedTree(LayeredTreeDrafter):
-    """A fixed tree shape filled by the draft model each step (OPT-Tree's Binary / EAGLE-tree baselines).
+    """A fixed tree shape filled by the draft model each step (OPT-Tree's Binary / static-tree baselines).
 
     The rank-r child of a node is the draft's r-th most likely token after it (T=0, or always unless
     ``sample_children``); with ``sample_children`` at T>0 the children are ordered draws without
@@ -193,9 +193,9 @@ class FixedTree(LayeredTreeDrafter):
     draft forward per depth feeds the nodes of that depth that have children.
     """
 
-    def __init__(self, shape: str = "eagle", nodes: int | None = 30, paths=None, sample_children: bool = False,
-                 **draft_settings):
-        self.shape = tree_shape(shape, nodes, paths)
+    def __init__(self, shape: str = "static", nodes: int | None = 25, paths=None, rank_hits=None,
+                 max_depth: int | None = 5, sample_children: bool = False, **draft_settings):
+        self.shape = tree_shape(shape, nodes, paths, rank_hits, max_depth)
         super().__init__(**draft_settings)
         self.sample_drafts = bool(sample_children) and not self.sampling.greedy
 

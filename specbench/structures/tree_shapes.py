@@ -1,4 +1,4 @@
-"""Fixed draft-tree shapes given as rank paths (EAGLE / Medusa "choices" style).
+"""Fixed draft-tree shapes given as rank paths (static trees, binary trees, Medusa "choices").
 
 A shape is a list of paths of child ranks: ``[0]`` is the best child of the root, ``[0, 1]`` the
 second-best child of that node, and so on. A drafter fills a shape with tokens each step (rank ``r``
@@ -13,15 +13,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from specbench.errors import ConfigError
+from specbench.structures.medusa_tree import sparse_paths
 
-EAGLE_PATHS: tuple[tuple[int, ...], ...] = (
-    (0,), (1,), (2,), (3,),
-    (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0), (2, 1), (3, 0),
-    (0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 1, 0), (0, 1, 1), (0, 2, 0), (0, 2, 1), (1, 0, 0),
-    (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 0, 2),
-    (0, 0, 0, 0, 0), (0, 0, 0, 0, 1),
-)
-"""EAGLE's 25-node heuristic tree (EAGLE-1 ``mc_sim_7b_63`` choices), the OPT-Tree paper's "EAGLE tree"."""
+def static_paths(rank_hits: Sequence[float], nodes: int, max_depth: int) -> list[tuple[int, ...]]:
+    """The ``nodes``-node tree with the highest expected acceptance when rank r is right with probability a^(r).
+
+    A static heuristic tree in the spirit of EAGLE's 25-node one (the OPT-Tree paper's "EAGLE tree"
+    baseline), built from the draft's measured rank profile ``rank_hits`` (the same at every depth,
+    see ``specbench.train.agreement``) by Medusa's greedy sparse-tree builder.
+    """
+    if not isinstance(nodes, int) or nodes < 1:
+        raise ConfigError(f"static tree nodes must be an integer >= 1, got {nodes!r}")
+    if not isinstance(max_depth, int) or max_depth < 1:
+        raise ConfigError(f"static tree max_depth must be an integer >= 1, got {max_depth!r}")
+    if not rank_hits:
+        raise ConfigError("a static tree needs the draft's rank hit rates a^(r): set model.draft.rank_hits "
+                          "(python -m specbench.train draft reports them as rank_hits) or "
+                          "method.drafter.rank_hits=[0.5,0.1,...], or give a tree with shape=paths")
+    return sparse_paths([list(rank_hits)] * max_depth, nodes)
 
 
 def binary_paths(nodes: int) -> list[tuple[int, ...]]:

@@ -33,31 +33,40 @@ def chain_steps(matches: list[bool], gamma: int) -> int:
     return steps
 
 
+RANKS_REPORTED = 8
+"""Rank hit rates reported: a^(r) for r < RANKS_REPORTED, the profile a static draft tree is built from."""
+
+
 @torch.no_grad()
-def agreement_matches(draft, items: list[SelfDistilled], pad_id: int, batch_size: int) -> list[list[bool]]:
-    """Per held-out answer: whether the draft's argmax equals the target's at each answer position."""
+def target_ranks(draft, items: list[SelfDistilled], pad_id: int, batch_size: int) -> list[list[int]]:
+    """Per held-out answer: the rank of the target's greedy token among the draft's logits at each position."""
     device = next(draft.parameters()).device
-    matches = []
+    ranks = []
     for start in range(0, len(items), batch_size):
         batch = collate(items[start:start + batch_size], pad_id).to(device)
-        agree = (answer_logits(draft, batch).argmax(dim=-1) == batch.teacher_argmax).tolist()  # [rows]
+        logits = answer_logits(draft, batch)  # [rows, vocab]
+        target = logits.gather(1, batch.teacher_argmax[:, None])  # [rows, 1]
+        rank = (logits > target).sum(dim=-1).tolist()  # [rows]: 0 = the draft's argmax agrees
         for length in batch.lengths():
-            matches.append(agree[:length])
-            agree = agree[length:]
-    return matches
+            ranks.append(rank[:length])
+            rank = rank[length:]
+    return ranks
 
 
 def agreement_report(draft, items: list[SelfDistilled], pad_id: int, gammas: list[int],
                      batch_size: int = 8) -> dict:
-    """Top-1 agreement on held-out answers and, per gamma, simulated tokens per verify step."""
+    """Top-1 agreement and rank hit rates on held-out answers and, per gamma, simulated tokens per step."""
     was_training = draft.training
     draft.eval()
-    matches = agreement_matches(draft, items, pad_id, batch_size)
+    ranks = target_ranks(draft, items, pad_id, batch_size)
     draft.train(was_training)
+    matches = [[rank == 0 for rank in answer] for answer in ranks]
     positions = sum(map(len, matches))
     emitted = sum(len(m) - 1 for m in matches)  # tokens emitted by verify steps (prefill excluded)
+    flat = [rank for answer in ranks for rank in answer]
     report = {"sequences": len(items), "positions": positions,
-              "agreement": round(sum(map(sum, matches)) / positions, 4)}
+              "agreement": round(sum(map(sum, matches)) / positions, 4),
+              "rank_hits": [round(flat.count(r) / positions, 4) for r in range(RANKS_REPORTED)]}
     for gamma in gammas:
         steps = sum(chain_steps(m, gamma) for m in matches)
         report[f"tokens_per_step_gamma{gamma}"] = round(emitted / steps, 3) if steps else None

@@ -257,6 +257,8 @@ def print_report(out_dir: Path, record: dict) -> None:
         chains = ", ".join(f"{k.removeprefix('tokens_per_step_')}: {v}" for k, v in report.items()
                            if k.startswith("tokens_per_step_"))
         print(f"  {name:7s} agreement {report['agreement']:.3f}; tokens/step {chains}")
+    print(f"  rank hits a^(r) after training (model.draft.rank_hits for static_tree): "
+          f"{record['heldout']['after_training'].get('rank_hits')}")
     latency = record["latency"]
     print(f"  draft step {latency['draft_step_ms']} ms vs target {latency['target_step_ms']} ms "
           f"(ratio {latency['draft_to_target']}); ideal speedup {record['expected_speedup']}")

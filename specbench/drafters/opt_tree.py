@@ -8,8 +8,9 @@ is <= threshold or the depth limit is reached; the tree verified is the top-n no
 always contains the root and is closed under parents (p̂ decreases along every path).
 
 The paper's fixed-tree baselines run on the same drafter: ``FixedTree`` fills a fixed shape (a static
-tree built from the draft's rank profile, a binary tree, or any list of rank paths) with the draft's top-k tokens per node (or,
-with ``sample_children``, draws without replacement recorded for the ``speculative`` rule).
+tree built from the draft's rank profile, a binary tree, or any list of rank paths) with the draft's
+top-k tokens per node (or, with ``sample_children``, draws without replacement recorded for the
+``speculative`` rule).
 """
 
 from __future__ import annotations

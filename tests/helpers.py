@@ -1,8 +1,9 @@
-"""Helpers shared by tests: exact target joints, chi-square goodness of fit, draws without replacement."""
+"""Helpers shared by tests: exact target joints, sampled output counts, chi-square goodness of fit, draws without replacement."""
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import torch
 
@@ -21,6 +22,22 @@ def exact_joint(model, prompt: list[int], length: int, sampling: Sampling) -> di
             probs = target_probs(logits.float(), sampling)
             joint[tokens] = float(torch.prod(probs[torch.arange(length), torch.tensor(tokens)]))
     return joint
+
+
+def sampled_outputs(decoder, prompt: list[int], max_new_tokens: int, generator: torch.Generator, trials: int,
+                    keep: int | None = None) -> Counter:
+    """How often each output (its first ``keep`` tokens) comes out of ``trials`` seeded generations."""
+    counts: Counter = Counter()
+    with torch.inference_mode():
+        for _ in range(trials):
+            counts[tuple(decoder.generate(prompt, max_new_tokens, generator).output_ids[:keep])] += 1
+    return counts
+
+
+def pearson_statistic(counts: dict, expected: dict[tuple, float]) -> float:
+    """Pearson's chi-square statistic of ``counts`` against probabilities ``expected`` (no pooling)."""
+    trials = sum(counts.values())
+    return sum((counts.get(key, 0) - trials * p) ** 2 / (trials * p) for key, p in expected.items())
 
 
 def chi_square(counts: dict, expected: dict[tuple, float], min_expected: float = 5.0) -> tuple[float, int, float]:

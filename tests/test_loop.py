@@ -11,7 +11,7 @@ from specbench.core.tree import DraftTree
 from specbench.drafters.ar import NoDraft
 from specbench.drafters.base import Drafter
 from specbench.errors import ConfigError
-from tests.helpers import exact_joint
+from tests.helpers import exact_joint, pearson_statistic, sampled_outputs
 
 
 def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos: int | None = None) -> list[int]:
@@ -137,10 +137,5 @@ def test_sampled_loop_reproduces_target_distribution(drafter):
     generator = torch.Generator().manual_seed(11)
     draft = NoDraft() if drafter == "none" else RandomTreeDrafter([], 3, seed=2)
     decoder = Decoder(model, draft, frozenset(), sampling)
-    trials = 3000
-    counts = dict.fromkeys(expected, 0)
-    with torch.inference_mode():
-        for _ in range(trials):
-            counts[tuple(decoder.generate(prompt, 3, generator).output_ids)] += 1
-    chi2 = sum((counts[k] - trials * p) ** 2 / (trials * p) for k, p in expected.items())
-    assert chi2 < 54.05  # 99.9% quantile of chi-square with 26 degrees of freedom
+    counts = sampled_outputs(decoder, prompt, 3, generator, trials=3000)
+    assert pearson_statistic(counts, expected) < 54.05  # 99.9% quantile of chi-square with 26 degrees of freedom

@@ -15,6 +15,7 @@ from specbench.drafters.spede import SpeDe
 from specbench.errors import ConfigError
 from specbench.structures.tree_shapes import TreeShape, binary_paths, static_paths
 from tests.conftest import tiny_model
+from tests.helpers import exact_joint, pearson_statistic, sampled_outputs
 
 
 def random_probs(rows: int, vocab: int, rng: torch.Generator, sharpness: float = 3.0) -> torch.Tensor:
@@ -172,20 +173,6 @@ def test_fixed_tree_children_are_the_drafts_top_k():
     assert tree.tokens[1:4] == first and tree.tokens[4:] == second and tree.parents == [-1, 0, 0, 0, 1, 1]
 
 
-def exact_joint(model, prompt, length, sampling):
-    """P(continuation) for every continuation of ``length`` tokens (tiny vocabularies only)."""
-    from specbench.core.acceptance import target_probs
-
-    vocab = model.config.vocab_size
-    joint = {}
-    with torch.inference_mode():
-        for tokens in itertools.product(range(vocab), repeat=length):
-            logits = model(torch.tensor([prompt + list(tokens[:-1])])).logits[0, len(prompt) - 1:]
-            probs = target_probs(logits.float(), sampling)
-            joint[tokens] = float(torch.prod(probs[torch.arange(length), torch.tensor(tokens)]))
-    return joint
-
-
 TEMP = 0.5  # far from 1, so a draft distribution recorded without the warping would bias the output
 SAMPLED = {
     "spede": (lambda d: SpeDe(num_assistant_tokens=3, schedule="constant", draft=d, temperature=TEMP), "speculative"),
@@ -210,11 +197,6 @@ def test_sampled_outputs_follow_the_target(name):
     drafter.setup(draft, None)  # "target" source: the draft model drafts for itself
     decoder = Decoder(target, drafter, frozenset(), sampling, acceptance_rule(rule))
     generator = torch.Generator().manual_seed(sorted(SAMPLED).index(name))
-    trials = 1500
-    counts = dict.fromkeys(expected, 0)
-    with torch.inference_mode():
-        for _ in range(trials):
-            counts[tuple(decoder.generate(prompt, 4, generator).output_ids)] += 1
-    chi2 = sum((counts[k] - trials * p) ** 2 / (trials * p) for k, p in expected.items())
-    assert chi2 < 37.70  # 99.9% quantile of chi-square with 15 degrees of freedom
+    counts = sampled_outputs(decoder, prompt, 4, generator, trials=1500)
+    assert pearson_statistic(counts, expected) < 37.70  # 99.9% quantile of chi-square with 15 degrees of freedom
     assert drafter.stats()["drafted_per_step"] >= 1

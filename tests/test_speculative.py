@@ -22,7 +22,7 @@ from specbench.core.rules import acceptance_rule
 from specbench.core.speculative import accept_speculative
 from specbench.core.tree import DraftTree
 from specbench.drafters.base import Drafter
-from tests.helpers import chi_square, draw_without_replacement, exact_joint
+from tests.helpers import chi_square, draw_without_replacement, exact_joint, sampled_outputs
 
 VOCAB = 5
 PROMPT = (0, 1)
@@ -249,9 +249,6 @@ def test_loop_with_sampled_draft_trees_follows_target(rule):
     prompt = [0, 1, 2, 3]
     decoder = Decoder(model, RandomQDrafter(4, [2, 1]), frozenset(), sampling, rule)
     generator = torch.Generator().manual_seed(12)
-    counts = Counter()
-    with torch.inference_mode():
-        for _ in range(LOOP_TRIALS):
-            counts[tuple(decoder.generate(prompt, 4, generator).output_ids[:3])] += 1  # 4: depth-2 trees
+    counts = sampled_outputs(decoder, prompt, 4, generator, LOOP_TRIALS, keep=3)  # 4 tokens: depth-2 trees
     bug = None if rule is accept_speculative else rule.__name__
     check(counts, exact_joint(model, prompt, 3, sampling), bug, "loop")

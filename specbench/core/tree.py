@@ -17,6 +17,14 @@ from dataclasses import dataclass, field
 import torch
 
 
+def child_lists(parents) -> list[list[int]]:
+    """Per node of a parent-index tree (node 0 = root, parents precede children): its children in order."""
+    kids: list[list[int]] = [[] for _ in parents]
+    for node, parent in enumerate(parents[1:], start=1):
+        kids[parent].append(node)
+    return kids
+
+
 @dataclass
 class AuxBlock:
     """Extra query rows in the verify forward whose logits only the drafter reads."""
@@ -98,10 +106,7 @@ class DraftTree:
 
     def children(self) -> list[list[int]]:
         """Child lists per node, in node order."""
-        kids: list[list[int]] = [[] for _ in self.tokens]
-        for i, parent in enumerate(self.parents[1:], start=1):
-            kids[parent].append(i)
-        return kids
+        return child_lists(self.parents)
 
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root to ``node`` inclusive."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from specbench.core.tree import child_lists
 from specbench.errors import ConfigError
 from specbench.structures.medusa_tree import sparse_paths
 
@@ -92,10 +93,7 @@ class TreeShape:
 
     def children(self) -> list[list[int]]:
         """Child lists per node, ranks ascending."""
-        kids: list[list[int]] = [[] for _ in self.parents]
-        for node, parent in enumerate(self.parents[1:], start=1):
-            kids[parent].append(node)
-        return kids
+        return child_lists(self.parents)
 
     def layer(self, depth: int) -> list[int]:
         """Node indices at ``depth``, in order."""

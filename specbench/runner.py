@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from specbench import environment
-from specbench.core.acceptance import Sampling
+from specbench.core.acceptance import Sampling, sampling_problems
 from specbench.core.loop import Generation, synchronize
 from specbench.data.base import Dataset, Sample, build_dataset
 from specbench.engines import build_engine
@@ -37,10 +37,7 @@ def validate(cfg: DictConfig) -> None:
         problems.append(f"limit must be >= 1 or null for all samples (got {cfg.limit})")
     if cfg.warmup < 0:
         problems.append(f"warmup must be >= 0 (got {cfg.warmup})")
-    if cfg.temperature < 0:
-        problems.append(f"temperature must be >= 0 (got {cfg.temperature})")
-    if not 0 < cfg.top_p <= 1:
-        problems.append(f"top_p must be in (0, 1] (got {cfg.top_p})")
+    problems += sampling_problems(cfg.temperature, cfg.top_p)
     if problems:
         raise ConfigError("invalid run settings: " + "; ".join(problems))
 

@@ -13,6 +13,16 @@ import torch
 from specbench.core.tree import DraftTree
 
 
+def sampling_problems(temperature: float, top_p: float, prefix: str = "") -> list[str]:
+    """What is wrong with a config's sampling settings (``prefix`` names their config node), if anything."""
+    problems = []
+    if temperature < 0:
+        problems.append(f"{prefix}temperature must be >= 0 (got {temperature})")
+    if not 0 < top_p <= 1:
+        problems.append(f"{prefix}top_p must be in (0, 1] (got {top_p})")
+    return problems
+
+
 @dataclass(frozen=True)
 class Sampling:
     """Target sampling settings; temperature 0 means greedy."""

@@ -28,6 +28,7 @@ import torch
 from tqdm import tqdm
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
+from specbench.core.acceptance import sampling_problems
 from specbench.data.prompts import conversation, render
 from specbench.errors import ConfigError
 from specbench.models.embedded import cache_root
@@ -70,10 +71,7 @@ def validate(prompts_cfg) -> None:
         problems.append(f"prompts.teacher_topk must be >= 0 (got {prompts_cfg.teacher_topk})")
     if prompts_cfg.batch_size < 1:
         problems.append(f"prompts.batch_size must be >= 1 (got {prompts_cfg.batch_size})")
-    if prompts_cfg.temperature < 0:
-        problems.append(f"prompts.temperature must be >= 0 (got {prompts_cfg.temperature})")
-    if not 0 < prompts_cfg.top_p <= 1:
-        problems.append(f"prompts.top_p must be in (0, 1] (got {prompts_cfg.top_p})")
+    problems += sampling_problems(prompts_cfg.temperature, prompts_cfg.top_p, prefix="prompts.")
     for key in ("max_prompts", "per_source_limit"):
         if prompts_cfg[key] is not None and prompts_cfg[key] < 1:
             problems.append(f"prompts.{key} must be >= 1 or null (got {prompts_cfg[key]})")

@@ -66,3 +66,24 @@ def capture(device: torch.device, dtype: torch.dtype) -> dict:
         "transformers": transformers.__version__,
         **git_state(),
     }
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a new peak-memory window: CUDA's allocator peak, or the process's peak RSS on CPU."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    elif Path("/proc/self/clear_refs").exists():
+        Path("/proc/self/clear_refs").write_text("5")  # Linux: resets VmHWM (the peak RSS) to the current RSS
+
+
+def peak_memory(device: torch.device) -> dict | None:
+    """Peak memory since ``reset_peak_memory``: {kind, bytes}, or None where it cannot be read."""
+    if device.type == "cuda":
+        return {"kind": "cuda_max_allocated", "bytes": int(torch.cuda.max_memory_allocated(device))}
+    status = Path("/proc/self/status")
+    if not status.exists():
+        return None
+    for line in status.read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return {"kind": "process_peak_rss", "bytes": int(line.split()[1]) * 1024}
+    return None

@@ -24,7 +24,8 @@ from specbench.models.loading import LoadedModel, load_model, resolve_device, re
 from specbench.schema import SCHEMA_VERSION, SUMMARY_VERSION
 from specbench.store import RunStore
 
-RUN_ONLY_KEYS = ("limit", "warmup", "output_dir", "data_dir", "force", "progress")
+RUN_ONLY_KEYS = ("limit", "warmup", "output_dir", "data_dir", "force", "progress", "repeat", "experiment",
+                 "results_root")
 """Top-level keys that do not change what a sample's result is (excluded from the config digest)."""
 
 
@@ -86,6 +87,7 @@ class Runner:
         self.environment = environment.capture(self.device, self.dtype)
         self.lm: LoadedModel | None = None
         self.engine = None
+        self.peak_memory = (self.store.previous_summary or {}).get("peak_memory")
 
     @staticmethod
     def _now() -> str:
@@ -133,9 +135,11 @@ class Runner:
         bar = tqdm(pending, desc=f"{self.cfg.method.name} on {self.dataset.name}", unit="sample",
                    disable=not self.cfg.progress, file=sys.stderr)
         tokens = seconds = 0.0
+        environment.reset_peak_memory(self.device)
         for sample in bar:
             records = self._run_sample(sample)
             self.store.append(records)
+            self.peak_memory = environment.peak_memory(self.device)
             self.store.write_summary(self.summary("running"))
             tokens += sum(r["new_tokens"] for r in records)
             seconds += sum(r["wall_s"] for r in records)
@@ -212,6 +216,8 @@ class Runner:
             "lossless": bool(cfg.method.lossless),
             "hyperparameters": method,
             "sampling": {"temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed},
+            "repeat": cfg.repeat,
+            "experiment": cfg.get("experiment"),
             "max_new_tokens": cfg.max_new_tokens,
             "limit": cfg.limit,
             "n_samples": len(self.store.finished_ids),
@@ -220,6 +226,7 @@ class Runner:
             "updated_at": self._now(),
             "ended_at": None if status == "running" else self._now(),
             "metrics": aggregate(self.store.records),
+            "peak_memory": self.peak_memory,
             "environment": self.environment,
             "config_digest": self.store.digest,
         }

@@ -51,6 +51,8 @@ SUMMARY_FIELDS: dict[str, str] = {
     "lossless": "whether the method's output distribution equals the target's",
     "hyperparameters": "resolved method node (the drafter's knobs)",
     "sampling": "{temperature, top_p, seed}",
+    "repeat": "index of a repeated timing run of the same configuration (0 for a single run)",
+    "experiment": "the experiment config that last wrote the run (conf/experiment/<scale>/<name>), or null",
     "max_new_tokens": "generation budget per turn",
     "limit": "requested sample limit (null = all)",
     "n_samples": "samples finished (all turns); n_records: lines in samples.jsonl",
@@ -58,6 +60,8 @@ SUMMARY_FIELDS: dict[str, str] = {
     "started_at": "ISO time the first writer started; updated_at: time of the last write",
     "ended_at": "ISO time the latest writer stopped (null while running)",
     "metrics": "aggregates: see specbench.metrics.aggregate",
+    "peak_memory": "{kind, bytes} over the timed samples of the latest writer: 'cuda_max_allocated' "
+                   "(torch's allocator peak) on GPU, 'process_peak_rss' (Linux VmHWM) on CPU; null if unreadable",
     "environment": "device, CPU, library versions, dtype, git commit and dirty flag",
     "config_digest": "sha256 of the result-determining config (see runner.config_digest)",
 }

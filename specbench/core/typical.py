@@ -2,7 +2,8 @@
 ``lossless: false``.
 
 Rule ``"typical"`` (``method.acceptance: typical``) with ``method.acceptance_kwargs``:
-``posterior_threshold`` (epsilon, default 0.09), ``posterior_alpha`` (delta, default 0.3 = sqrt(eps))
+``posterior_threshold`` (epsilon, default 0.09), ``posterior_alpha`` (delta; None = sqrt(eps), the
+paper's pairing, 0.3 at the default eps)
 and ``mode`` (``fast`` | ``sampled``). A drafted token ``t`` under node ``u`` is *typical* when
 ``P_T(t|u) > min(eps, delta * exp(-H(P_T(.|u))))``, with ``P_T`` the run's warped target (temperature,
 then top-p; with ``top_p: 1`` exactly Medusa's ``softmax(logits / T)``) and Medusa's entropy
@@ -41,8 +42,10 @@ ENTROPY_EPS = 1e-5  # Medusa computes H with log(p + 1e-5)
 
 def accept_typical(tree: DraftTree, logits: torch.Tensor, sampling: Sampling,
                    generator: torch.Generator | None = None, posterior_threshold: float = 0.09,
-                   posterior_alpha: float = 0.3, mode: str = "fast") -> Acceptance:
+                   posterior_alpha: float | None = None, mode: str = "fast") -> Acceptance:
     """Medusa typical acceptance (LOSSY; see the module docstring); greedy ``match`` at T = 0."""
+    if posterior_alpha is None:
+        posterior_alpha = math.sqrt(posterior_threshold)
     check_typical_kwargs(posterior_threshold, posterior_alpha, mode)
     if sampling.greedy:
         return accept_match(tree, logits, sampling, generator)
@@ -54,12 +57,12 @@ def accept_typical(tree: DraftTree, logits: torch.Tensor, sampling: Sampling,
     return Acceptance(tree.path_to(end), int(logits[end].argmax()))
 
 
-def check_typical_kwargs(posterior_threshold: float, posterior_alpha: float, mode: str) -> None:
+def check_typical_kwargs(posterior_threshold: float, posterior_alpha: float | None, mode: str) -> None:
     """A one-line ConfigError for out-of-range typical-acceptance settings."""
     key = "method.acceptance_kwargs"
     if not 0.0 <= posterior_threshold <= 1.0:
         raise ConfigError(f"{key}.posterior_threshold (epsilon) must be in [0, 1]; got {posterior_threshold}")
-    if not 0.0 <= posterior_alpha <= 1.0:
+    if posterior_alpha is not None and not 0.0 <= posterior_alpha <= 1.0:
         raise ConfigError(f"{key}.posterior_alpha (delta) must be in [0, 1]; got {posterior_alpha}")
     if mode not in MODES:
         raise ConfigError(f"{key}.mode must be one of {MODES}; got {mode!r}")

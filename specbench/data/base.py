@@ -13,6 +13,8 @@ subsampled to ``sample_size`` records with ``sample_seed`` by one of the papers'
 
 from __future__ import annotations
 
+import itertools
+
 import json
 import random
 from collections.abc import Callable
@@ -75,6 +77,19 @@ SAMPLERS: dict[str, Callable[[list[int], int, int, int], list[int]]] = {
     "random.sample": random_sample, "shuffle": hf_shuffle, "prefix": prefix}
 
 
+ORDERS = ("canonical", "round_robin")
+
+
+def round_robin(samples: list[Sample]) -> list[Sample]:
+    """One sample per category in turn (categories in order of first appearance), so a small limit
+    still covers every category (e.g. MT-Bench's 8 at limit=8)."""
+    by_category: dict[str | None, list[Sample]] = {}
+    for sample in samples:
+        by_category.setdefault(sample.category, []).append(sample)
+    columns = itertools.zip_longest(*by_category.values())
+    return [sample for column in columns for sample in column if sample is not None]
+
+
 def build_dataset(dataset_cfg, data_dir: str | None) -> "Dataset":
     """Instantiate a ``conf/dataset`` node; a constructor's UserError surfaces as itself (one-line error).
 
@@ -111,8 +126,11 @@ class Dataset:
 
     def __init__(self, name: str, prompt_format: str = "auto", system_prompt: str | None = None,
                  source: str = "auto", data_dir: str | None = None, sample_size: int | None = None,
-                 sample_seed: int = 0):
+                 sample_seed: int = 0, order: str = "canonical"):
         check_format(prompt_format)
+        if order not in ORDERS:
+            raise ConfigError(f"dataset.order must be one of {ORDERS}; got {order!r}")
+        self.order = order
         self.name = name
         self.prompt_format = prompt_format
         self.system_prompt = system_prompt
@@ -173,11 +191,12 @@ class Dataset:
         return SAMPLERS[self.sampler_used()](pool, len(records), self.sample_size, self.sample_seed)
 
     def samples(self, limit: int | None = None) -> list[Sample]:
-        """The evaluated samples in canonical order, the first ``limit`` of them when given."""
+        """The evaluated samples in ``order``, the first ``limit`` of them when given."""
         records = self.records()
-        chosen = self.selection()
-        chosen = chosen[:limit] if limit is not None else chosen
-        return [self.to_sample(i, records[i]) for i in chosen]
+        chosen = [self.to_sample(i, records[i]) for i in self.selection()]
+        if self.order == "round_robin":
+            chosen = round_robin(chosen)
+        return chosen[:limit] if limit is not None else chosen
 
     def describe(self) -> dict:
         """Where the evaluated records came from and how they were chosen (for the run summary)."""
@@ -186,7 +205,8 @@ class Dataset:
         return {"source": self.resolved_source, "variant": self.variant,
                 "n_total": len(self.pool(self.records())), "n_selected": len(selection),
                 "sampler": self.sampler_used() if subsampled else None,
-                "sample_size": self.sample_size, "sample_seed": self.sample_seed if subsampled else None}
+                "sample_size": self.sample_size, "sample_seed": self.sample_seed if subsampled else None,
+                "order": self.order}
 
     # --- sources -------------------------------------------------------------------------------
 

@@ -1,0 +1,131 @@
+"""A reproduction plan (``conf/reproduce/<scale>.yaml``): which experiments run, in what order, and where.
+
+Each experiment is a Hydra multirun (``python -m specbench -m +experiment=<scale>/<name>``) run in a
+child process, so its launcher, sweeper and resume logic are exactly the command line's. Runs that
+are already complete in ``results_root`` are resumed (nothing pending: no generation), so rerunning
+a plan only does the missing work.
+"""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+
+from specbench.config import CONF_DIR, compose_config
+from specbench.environment import PROJECT_ROOT
+from specbench.errors import ConfigError, UserError
+
+PLANS_DIR = CONF_DIR / "reproduce"
+EXPERIMENTS_DIR = CONF_DIR / "experiment"
+
+
+class ExperimentFailed(UserError):
+    """A child process of the plan exited with an error (its own message is above)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One scale's experiments, latency profiles and output folders (paths relative to the project root)."""
+
+    scale: str
+    experiments: tuple[str, ...]
+    profile_models: tuple[str, ...]
+    profile_overrides: tuple[str, ...]
+    results_root: Path
+    tables_dir: Path
+    figures_dir: Path
+
+    @property
+    def profile_root(self) -> Path:
+        """Where the latency profiles of this scale go (one folder per model)."""
+        return self.results_root / "profile"
+
+
+def scales() -> list[str]:
+    """The plans in conf/reproduce/, sorted."""
+    return sorted(path.stem for path in PLANS_DIR.glob("*.yaml"))
+
+
+def experiment_names(scale: str) -> list[str]:
+    """The experiment configs of one scale (conf/experiment/<scale>/*.yaml), sorted."""
+    return sorted(path.stem for path in (EXPERIMENTS_DIR / scale).glob("*.yaml"))
+
+
+def load_plan(scale: str, root: Path = PROJECT_ROOT) -> Plan:
+    """conf/reproduce/<scale>.yaml as a Plan, or a ConfigError naming the scales / unknown experiments."""
+    path = PLANS_DIR / f"{scale}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"unknown scale {scale!r}; choose one of {scales()}")
+    spec = OmegaConf.load(path)
+    unknown = sorted(set(spec.experiments) - set(experiment_names(scale)))
+    if unknown:
+        raise ConfigError(f"{path}: no experiment config for {unknown} in conf/experiment/{scale}/")
+    return Plan(scale, tuple(spec.experiments), tuple(spec.profile.models), tuple(spec.profile.overrides),
+                root / spec.results_root, root / spec.tables_dir, root / spec.figures_dir)
+
+
+def select(plan: Plan, only: list[str] | None) -> list[str]:
+    """The plan's experiments, or the named subset (in plan order); ConfigError for a name not in it."""
+    if not only:
+        return list(plan.experiments)
+    missing = sorted(set(only) - set(plan.experiments))
+    if missing:
+        raise ConfigError(f"not in the {plan.scale} plan: {missing}; choose from {list(plan.experiments)}")
+    return [name for name in plan.experiments if name in only]
+
+
+def experiment_command(plan: Plan, name: str, overrides: list[str]) -> list[str]:
+    """The command line that runs one experiment as a Hydra multirun."""
+    return [sys.executable, "-m", "specbench", "--multirun", f"+experiment={plan.scale}/{name}",
+            f"results_root={plan.results_root}", *overrides]
+
+
+def profile_command(plan: Plan, model: str, overrides: list[str]) -> list[str]:
+    """The command line of one latency profile of the plan."""
+    return [sys.executable, "-m", "specbench.profile", f"model={model}",
+            f"output_dir={plan.profile_root / model}", *plan.profile_overrides, *overrides]
+
+
+def run_child(command: list[str], label: str) -> float:
+    """Run one child process in the project root; its wall time, or ExperimentFailed."""
+    print(f"[reproduce] {label}: {' '.join(command[1:])}", flush=True)
+    start = time.perf_counter()
+    code = subprocess.call(command, cwd=PROJECT_ROOT)
+    if code != 0:
+        raise ExperimentFailed(f"{label} failed (exit {code}); finished runs are kept, rerun to resume")
+    seconds = time.perf_counter() - start
+    print(f"[reproduce] {label}: done in {seconds:.0f} s", flush=True)
+    return seconds
+
+
+def run_plan(plan: Plan, only: list[str] | None = None, overrides: list[str] | None = None,
+             profile: bool = True) -> dict[str, float]:
+    """Run the selected experiments (and the latency profiles); seconds per step."""
+    overrides = list(overrides or [])
+    seconds = {name: run_child(experiment_command(plan, name, overrides), name) for name in select(plan, only)}
+    if profile and not only:
+        for model in plan.profile_models:
+            if any((plan.profile_root / model).glob("latency_*.csv")):
+                print(f"[reproduce] profile {model}: already in {plan.profile_root / model}, skipped")
+                continue
+            profile_overrides = [o for o in overrides if o.startswith(("device=", "dtype="))]
+            seconds[f"profile:{model}"] = run_child(profile_command(plan, model, profile_overrides),
+                                                    f"profile {model}")
+    return seconds
+
+
+def sweep_jobs(scale: str, name: str) -> list[list[str]]:
+    """The override list of every job of one experiment's sweep (the Cartesian product Hydra runs)."""
+    cfg = compose_config(f"+experiment={scale}/{name}", hydra_node=True)
+    params = cfg.hydra.sweeper.params or {}
+    parsed = OverridesParser.create().parse_overrides([f"{key}={value}" for key, value in params.items()])
+    axes = [[f"{o.get_key_element()}={value}" for value in o.sweep_string_iterator()] if o.is_sweep_override()
+            else [f"{o.get_key_element()}={o.get_value_element_as_str()}"] for o in parsed]
+    return [[f"+experiment={scale}/{name}", *job] for job in itertools.product(*axes)]

@@ -96,6 +96,9 @@ class Runner:
     def run(self) -> Path:
         """Generate every pending sample, writing records and the summary after each one."""
         pending = [s for s in self.samples if s.sample_id not in self.store.finished_ids]
+        if not pending and (self.store.previous_summary or {}).get("status") == "complete":
+            print(f"[specbench] {self.store.dir} is complete ({len(self.samples)} sample(s)); nothing to run")
+            return self.store.dir  # NOTE: no model load, and the stored files stay byte for byte
         self.store.write_config(OmegaConf.to_yaml(self.cfg, resolve=True))
         if len(pending) < len(self.samples):
             print(f"[specbench] resuming {self.store.dir}: {len(self.samples) - len(pending)} "

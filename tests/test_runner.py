@@ -40,6 +40,7 @@ def test_run_writes_schema_fields(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert set(SUMMARY_FIELDS) - {"n_records"} <= set(summary)
     assert summary["status"] == "complete" and summary["n_samples"] == 3
+    assert summary["repeat"] == 0 and summary["peak_memory"]["bytes"] > 0
     assert summary["metrics"]["tokens_per_step"] == 1.0
     assert summary["environment"]["dtype"] == "float32"
     assert summary["dataset_info"]["source"] == "package" and summary["prompt_format"] == "chat"
@@ -53,8 +54,9 @@ def test_resume_extends_without_duplicates(tmp_path):
     both = records(tmp_path)
     assert both[:2] == first
     assert [r["sample_id"] for r in both] == [f"HumanEval/{i}" for i in range(4)]
-    run(tmp_path, "limit=4")  # nothing left to do
-    assert records(tmp_path) == both
+    stored = {name: (tmp_path / name).read_bytes() for name in ("samples.jsonl", "summary.json", "config.yaml")}
+    run(tmp_path, "limit=4")  # nothing left to do: the complete run is left untouched
+    assert {name: (tmp_path / name).read_bytes() for name in stored} == stored
 
 
 def test_changed_config_refuses_unless_forced(tmp_path):

@@ -6,7 +6,11 @@ SHARED ?= $(abspath ../shared)
 export SPECBENCH_DATA_DIR ?= $(SHARED)/datasets
 export SPECBENCH_CORPUS_DIR ?= $(SHARED)/corpus/sotu_1946_2026
 
-.PHONY: install demo test bench-ar bench-model-free bench-draft bench-medusa train-draft train-medusa profile report clean
+.PHONY: install demo test bench-ar bench-model-free bench-draft bench-medusa train-draft train-medusa profile report \
+	reproduce-tables reproduce-run reproduce-build clean
+
+SCALE ?= smoke
+REPRODUCE_ARGS ?=    # e.g. --results-root results/experiments/mine, --only r3_tables, device=cuda
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -48,6 +52,19 @@ profile: install  ## forward latency vs tokens per pass on the embedded model (C
 
 report: install  ## table over every stored run
 	$(PY) -m specbench.report results/runs
+
+# smoke: the embedded model on CPU (needs its distilled draft and Medusa heads: cached after the first
+# train-draft / train-medusa); paper: the papers' models, for a GPU machine with the weights.
+REPRODUCE_DEPS := install $(if $(filter smoke,$(SCALE)),train-draft train-medusa)
+
+reproduce-tables: $(REPRODUCE_DEPS)  ## run the SCALE's experiments (resuming) and build its tables and figures
+	$(PY) -m specbench.reproduce all --scale $(SCALE) $(REPRODUCE_ARGS)
+
+reproduce-run: $(REPRODUCE_DEPS)  ## only run the SCALE's experiments (Hydra multiruns; complete runs are skipped)
+	$(PY) -m specbench.reproduce run --scale $(SCALE) $(REPRODUCE_ARGS)
+
+reproduce-build: install  ## only rebuild the SCALE's tables and figures from the stored runs
+	$(PY) -m specbench.reproduce build --scale $(SCALE) $(REPRODUCE_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -27,9 +27,9 @@ PathLike = str | Path
 
 AR_METHOD = "ar"
 RUN_COLUMNS = ["run_dir", "model", "method", "dataset", "temperature", "top_p", "seed",
-               "max_new_tokens", "device_name", "dtype", "lossless", "status", "n_samples"]
+               "max_new_tokens", "device_name", "dtype", "repeat", "lossless", "status", "n_samples"]
 # What a run must share with its AR baseline for a speedup to mean anything (DESIGN.md section 1).
-MATCH_KEYS = ["model", "dataset", "temperature", "top_p", "max_new_tokens", "device_name", "dtype"]
+MATCH_KEYS = ["model", "dataset", "temperature", "top_p", "max_new_tokens", "device_name", "dtype", "repeat"]
 SAMPLE_KEY = ["sample_id", "turn"]
 AR_SIDE = ["run_dir", "new_tokens", "wall_s", "output_ids"]
 TABLE_COLUMNS = ["run_dir", "model", "method", "dataset", "temperature", "n_samples",
@@ -126,6 +126,7 @@ def _identity(run_dir: Path, summary: dict) -> dict:
                 "top_p": sampling["top_p"], "seed": sampling["seed"],
                 "max_new_tokens": summary["max_new_tokens"],
                 "device_name": environment["device_name"], "dtype": environment["dtype"],
+                "repeat": summary.get("repeat", 0),
                 "lossless": summary["lossless"], "status": summary["status"],
                 "n_samples": summary["n_samples"]}
     except KeyError as error:
@@ -212,7 +213,7 @@ def _ar_partners(runs: pd.DataFrame) -> pd.Series:
     return best.drop_duplicates("run_dir").set_index("run_dir")["ar_run_dir"]
 
 
-def _paired_samples(samples: pd.DataFrame, partners: pd.Series) -> pd.DataFrame:
+def _pair_with(samples: pd.DataFrame, partners: pd.Series) -> pd.DataFrame:
     """Each (run, sample_id, turn) its AR baseline also has, beside the AR values, compared."""
     own = samples[samples["run_dir"].isin(partners.index)]
     own = own.assign(ar_run_dir=own["run_dir"].map(partners))
@@ -251,7 +252,7 @@ def match_ar(runs: pd.DataFrame, samples: pd.DataFrame | None = None) -> pd.Data
     step / overhead.
     """
     partners = _ar_partners(runs)
-    pairs = _paired_samples(_samples_of(runs, samples), partners)
+    pairs = _pair_with(_samples_of(runs, samples), partners)
     ar_step = runs.set_index("run_dir")["step_latency_s"]
     matched = runs.assign(ar_run_dir=runs["run_dir"].map(partners))
     matched = matched.assign(overhead=matched["step_latency_s"] / matched["ar_run_dir"].map(ar_step))
@@ -259,9 +260,14 @@ def match_ar(runs: pd.DataFrame, samples: pd.DataFrame | None = None) -> pd.Data
     return matched.fillna({"n_common": 0}).astype({"n_common": int})
 
 
+def paired_samples(runs: pd.DataFrame, samples: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Each sample of each run beside the same sample of its AR baseline (AR self-pairs included)."""
+    return _pair_with(_samples_of(runs, samples), _ar_partners(runs))
+
+
 def divergences(runs: pd.DataFrame, samples: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per sample compared with its AR baseline (AR self-pairs left out), for inspection."""
-    pairs = _paired_samples(_samples_of(runs, samples), _ar_partners(runs))
+    pairs = paired_samples(runs, samples)
     compared = pairs[pairs["run_dir"] != pairs["ar_run_dir"]]
     return compared[DIVERGENCE_COLUMNS].reset_index(drop=True)
 

@@ -124,6 +124,18 @@ def test_mt_bench_categories_and_hub_records(shared_data):
     assert (sample.sample_id, sample.turns, sample.reference) == ("85", ["q1", "q2"], None)
 
 
+def test_round_robin_order_spans_categories_with_a_small_limit(shared_data):
+    canonical = load("mt_bench", shared_data).samples()
+    mixed = load("mt_bench", shared_data, "dataset.order=round_robin")
+    first = mixed.samples(limit=8)
+    assert [s.category for s in first] == list(MT_BENCH_CATEGORIES)
+    assert sorted(s.sample_id for s in mixed.samples()) == sorted(s.sample_id for s in canonical)
+    assert [s.sample_id for s in load("humaneval", shared_data, "dataset.order=round_robin").samples(limit=3)] == \
+        ["HumanEval/0", "HumanEval/1", "HumanEval/2"]  # no categories: the canonical order
+    with pytest.raises(ConfigError, match="dataset.order"):
+        load("mt_bench", shared_data, "dataset.order=shuffled").samples()
+
+
 def test_spec_bench_groups(shared_data):
     samples = load("spec_bench", shared_data).samples()
     groups = Counter(s.category for s in samples)

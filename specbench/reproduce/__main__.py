@@ -1,7 +1,7 @@
 """``python -m specbench.reproduce``: run a scale's experiments, then build its tables and figures.
 
     python -m specbench.reproduce [all|run|build|list] [--scale smoke|paper] [--only NAME ...]
-                                  [OVERRIDE ...]
+                                  [--results-root DIR] [OVERRIDE ...]
 
 ``run`` runs the plan's experiments (resuming: complete runs are not repeated) and latency profiles,
 ``build`` writes the tables (Markdown, LaTeX, CSV) and figures (PNG, PDF) from the stored results,
@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
+from pathlib import Path
 from typing import Sequence
 
 from specbench.errors import UserError
@@ -28,6 +30,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("action", nargs="?", default="all", choices=ACTIONS)
     parser.add_argument("--scale", default="smoke", help=f"one of {scales()} (default smoke)")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these experiments of the plan")
+    parser.add_argument("--results-root", type=Path, metavar="DIR",
+                        help="runs folder instead of the plan's (e.g. to measure this machine beside the stored runs)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every experiment")
     return parser
 
@@ -37,6 +41,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     try:
         plan = load_plan(args.scale)
+        if args.results_root:
+            plan = replace(plan, results_root=args.results_root.resolve())
         if args.action == "list":
             print("\n".join(plan.experiments))
             return

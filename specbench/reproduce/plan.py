@@ -38,6 +38,7 @@ class Plan:
     experiments: tuple[str, ...]
     profile_models: tuple[str, ...]
     profile_overrides: tuple[str, ...]
+    stand_in_model: str | None
     results_root: Path
     tables_dir: Path
     figures_dir: Path
@@ -68,7 +69,7 @@ def load_plan(scale: str, root: Path = PROJECT_ROOT) -> Plan:
     if unknown:
         raise ConfigError(f"{path}: no experiment config for {unknown} in conf/experiment/{scale}/")
     return Plan(scale, tuple(spec.experiments), tuple(spec.profile.models), tuple(spec.profile.overrides),
-                root / spec.results_root, root / spec.tables_dir, root / spec.figures_dir)
+                spec.stand_in_model, root / spec.results_root, root / spec.tables_dir, root / spec.figures_dir)
 
 
 def select(plan: Plan, only: list[str] | None) -> list[str]:

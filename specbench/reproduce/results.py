@@ -1,0 +1,171 @@
+"""Stored runs as one frame for the table and figure builders: identity, recomputed metrics, pairing
+with AR, the knobs each run changed from its method's defaults, repeats and the hardware stamp.
+
+Everything comes from the run folders (``samples.jsonl`` + ``summary.json``) through the report's
+loaders, so a table's number is the report's number for the same runs.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from hydra.errors import MissingConfigException
+from omegaconf import OmegaConf
+
+from specbench.config import compose_config
+from specbench.report import (find_run_dirs, match_ar, paired_samples, read_run, split_by, _runs_frame,
+                              _samples_frame)
+
+STAMP_FIELDS = ("device_name", "cpu", "torch", "transformers", "dtype", "git_commit")
+IGNORED_KNOBS = ("data_dir", "corpus.files")  # where this machine keeps local inputs, not how the method works
+BOOTSTRAP_SAMPLES = 1000
+
+
+@dataclass(frozen=True)
+class Results:
+    """All runs under one results root: ``runs`` (one row per run) and ``samples`` (one row per record)."""
+
+    runs: pd.DataFrame
+    samples: pd.DataFrame
+    pairs: pd.DataFrame
+
+
+def flatten(node, prefix: str = "") -> dict:
+    """{dotted.key: leaf} of a nested dict; lists become tuples so they compare and hash."""
+    if isinstance(node, dict):
+        return {key: value for name, child in node.items()
+                for key, value in flatten(child, f"{prefix}{name}.").items()}
+    return {prefix[:-1]: tuple(node) if isinstance(node, list) else node}
+
+
+@lru_cache(maxsize=None)
+def default_knobs(method: str, model: str, temperature: float, top_p: float) -> dict:
+    """The flattened resolved method node of ``method`` at its defaults; {} when no config of that name exists."""
+    try:
+        cfg = compose_config(f"method={method}", f"model={model}", f"temperature={temperature}", f"top_p={top_p}")
+    except MissingConfigException:
+        return {}
+    return flatten(OmegaConf.to_container(cfg.method, resolve=True), "method.")
+
+
+def changed_knobs(summary: dict) -> dict:
+    """The method knobs a run set away from the method's defaults: {"method.drafter.nodes": 10, ...}."""
+    sampling = summary["sampling"]
+    knobs = flatten(summary["hyperparameters"], "method.")
+    defaults = default_knobs(summary["method"], summary["model"], sampling["temperature"], sampling["top_p"])
+    return {key: value for key, value in knobs.items()
+            if not key.endswith(IGNORED_KNOBS) and (key not in defaults or defaults[key] != value)}
+
+
+def setting_text(knobs: dict) -> str:
+    """Canonical ``key=value;key=value`` text of changed knobs (sorted), the way paper rows write them."""
+    return ";".join(f"{key}={format_value(value)}" for key, value in sorted(knobs.items()))
+
+
+def format_value(value) -> str:
+    """A knob value as Hydra would write it (lists as [a,b], floats without trailing noise)."""
+    if isinstance(value, tuple):
+        return "[" + ",".join(format_value(v) for v in value) + "]"
+    if isinstance(value, bool) or value is None:
+        return str(value).lower() if value is not None else "null"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _extra_columns(run_dir: Path) -> dict:
+    """Columns the report does not carry: changed knobs, peak memory, experiment and stamp."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    environment = summary["environment"]
+    knobs = changed_knobs(summary)
+    memory = summary.get("peak_memory") or {}
+    return {"experiment": summary.get("experiment"),
+            "setting": setting_text(knobs), **{f"hp.{key[len('method.'):]}": v for key, v in knobs.items()},
+            "peak_memory_gib": memory["bytes"] / 2**30 if memory else np.nan,
+            "peak_memory_kind": memory.get("kind"),
+            **{f"env.{field}": environment.get(field) for field in STAMP_FIELDS}}
+
+
+def _extras_frame(run_dirs: pd.Series) -> pd.DataFrame:
+    """The extra columns of each run (``RUN#part`` rows of a split share their run's)."""
+    return pd.DataFrame([{"run_dir": run_dir, **_extra_columns(Path(run_dir.split("#")[0]))}
+                         for run_dir in run_dirs])
+
+
+def measured_runs(root: Path | str) -> list[Path]:
+    """The run folders under ``root`` with samples, one per configuration and repeat.
+
+    Two folders of one configuration (a sweep point equal to a method's defaults, run by two
+    experiments) are one measurement: the one with the most samples is kept (then the first by
+    path), so averages and repeat statistics never count a run twice. Folders that failed before
+    their first sample are left out. Both cases are reported with a warning.
+    """
+    kept: dict[tuple, tuple[int, Path]] = {}
+    left_out = []
+    for run_dir in sorted(find_run_dirs([root])):
+        summary = json.loads((run_dir / "summary.json").read_text())
+        key = (summary["config_digest"], summary.get("repeat", 0))
+        if not (run_dir / "samples.jsonl").is_file():
+            left_out.append(f"{run_dir.name} (no samples, {summary.get('status')})")
+        elif key in kept and kept[key][0] >= summary["n_samples"]:
+            left_out.append(f"{run_dir.name} (= {kept[key][1].name})")
+        else:
+            kept[key] = (summary["n_samples"], run_dir)
+    if left_out:
+        warnings.warn(f"{root}: {len(left_out)} run folder(s) left out: {'; '.join(left_out)}", stacklevel=2)
+    return [run_dir for _, run_dir in kept.values()]
+
+
+def load_results(root: Path | str, by: str | None = None) -> Results:
+    """Every measured run under ``root`` (optionally split by a record field such as ``category``), paired with AR."""
+    runs = [read_run(run_dir) for run_dir in measured_runs(root)]
+    if by is not None:
+        runs = split_by(runs, by)
+    frame, samples = _runs_frame(runs), _samples_frame(runs)
+    matched = match_ar(frame, samples).merge(_extras_frame(frame["run_dir"]), on="run_dir")
+    pairs = paired_samples(matched, samples)
+    return Results(matched.merge(speedup_statistics(pairs), left_on="run_dir", right_index=True, how="left"),
+                   samples, pairs)
+
+
+def speedup_statistics(pairs: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
+    """Per run: mean of per-sample speedups and a 95 % bootstrap interval of the total/total speedup."""
+    rows = {}
+    rng = np.random.default_rng(seed)
+    for run_dir, group in pairs.groupby("run_dir"):
+        tokens, wall = group["new_tokens"].to_numpy(float), group["wall_s"].to_numpy(float)
+        ar_tokens, ar_wall = group["ar_new_tokens"].to_numpy(float), group["ar_wall_s"].to_numpy(float)
+        per_sample = (tokens / wall) / (ar_tokens / ar_wall)
+        draws = rng.integers(len(group), size=(BOOTSTRAP_SAMPLES, len(group)))  # [B, n] resampled indices
+        boot = (tokens[draws].sum(1) / wall[draws].sum(1)) / (ar_tokens[draws].sum(1) / ar_wall[draws].sum(1))
+        rows[run_dir] = {"speedup_per_sample": per_sample.mean(),
+                         "speedup_ci_low": np.quantile(boot, 0.025), "speedup_ci_high": np.quantile(boot, 0.975)}
+    return pd.DataFrame.from_dict(rows, orient="index",
+                                  columns=["speedup_per_sample", "speedup_ci_low", "speedup_ci_high"])
+
+
+def stamp(runs: pd.DataFrame) -> str:
+    """One line naming the hardware and software the runs were measured on (every distinct one)."""
+    columns = [f"env.{field}" for field in STAMP_FIELDS]
+    distinct = runs[columns].drop_duplicates().fillna("?")
+    return " | ".join(", ".join(f"{field}={row[f'env.{field}']}" for field in STAMP_FIELDS)
+                      for _, row in distinct.iterrows())
+
+
+def knob(runs: pd.DataFrame, key: str) -> pd.Series:
+    """The effective value of a method knob per run (``drafter.branch_len``): the changed value, else the default."""
+    column = f"hp.{key}"
+    changed = runs[column] if column in runs else pd.Series(np.nan, index=runs.index, dtype=object)
+
+    def effective(row: pd.Series):
+        value = changed[row.name]
+        if not (isinstance(value, float) and np.isnan(value)):
+            return value
+        defaults = default_knobs(row["method"], row["model"], row["temperature"], row["top_p"])
+        return defaults.get(f"method.{key}")
+
+    return runs.apply(effective, axis=1) if len(runs) else changed

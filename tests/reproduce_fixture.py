@@ -1,0 +1,210 @@
+"""A synthetic results folder laid out exactly as the runner writes one, for the reproduce builders' tests.
+
+``write_fixture_results(root)`` writes one run folder per job of every experiment of a scale
+(``<model>/<dataset>/T<temperature>-n<max_new_tokens>/<override dirname>`` with ``summary.json`` and
+``samples.jsonl``) and a latency profile CSV per profiled model. Every number is drawn from an RNG
+seeded by ``seed`` and the run folder, so the same call writes the same bytes. AR runs emit one token
+per step; the other methods 1.5-3 tokens per step at a per-run step overhead, so speedups vary;
+lossless methods reproduce the AR output of the same sample (exact match 1), lossy ones diverge.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf
+
+from specbench.config import CONF_DIR, compose_config
+from specbench.metrics import aggregate
+from specbench.profile import CSV_FIELDS, MASKS, write_csv
+from specbench.reproduce.plan import experiment_names, load_plan, sweep_jobs
+from specbench.schema import SCHEMA_VERSION, SUMMARY_VERSION
+
+MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+DEFAULT_SAMPLES = 2           # samples of a run whose limit is null (all) or above MAX_SAMPLES
+MAX_SAMPLES = 8
+VOCAB_SIZE = 49152
+AR_STEP_S = 0.04              # one AR step of the fixture's CPU
+PREFILL_S = 0.1
+DEVICE_NAME = "cpu: fixture"
+ENVIRONMENT = {"device": "cpu", "device_name": DEVICE_NAME, "cpu": "fixture", "cpu_count": 2, "torch_threads": 2,
+               "dtype": "float32", "python": "3.11", "platform": "fixture", "torch": "0.0+fixture", "cuda": None,
+               "transformers": "0.0+fixture", "git_commit": "0" * 40, "git_dirty": False}
+PROFILE_CONTEXTS = (64, 256, 1024)
+PROFILE_TOKENS = tuple(2 ** k for k in range(10))   # 1 .. 512
+
+
+def rng_for(seed: int, *parts) -> np.random.Generator:
+    """A generator seeded by ``seed`` and the text of ``parts`` (stable across processes, unlike hash())."""
+    digest = hashlib.sha256("/".join(map(str, [seed, *parts])).encode()).digest()
+    return np.random.default_rng(int.from_bytes(digest[:8], "little"))
+
+
+@lru_cache(maxsize=None)
+def _composed(groups: tuple[str, ...]) -> DictConfig:
+    """The composed config (hydra node kept) of the group-selecting overrides of a job, cached."""
+    return compose_config(*groups, hydra_node=True)
+
+
+def job_config(job: list[str]) -> tuple[DictConfig, str]:
+    """A job's config and its run-folder name (Hydra's override_dirname of the job's overrides).
+
+    Only overrides that pick a config group (experiment, model, method, dataset) are composed (and
+    cached); the value overrides (``method.drafter.nodes=10``, ``temperature=0.5``) are set on a copy.
+    """
+    overrides = OverridesParser.create().parse_overrides(job)
+    groups = tuple(o.input_line for o in overrides if (CONF_DIR / o.key_or_group).is_dir())
+    cfg = copy.deepcopy(_composed(groups))
+    for override in overrides:
+        if not (CONF_DIR / override.key_or_group).is_dir():
+            OmegaConf.update(cfg, override.key_or_group, override.value(), merge=False)
+    excluded = set(cfg.hydra.job.config.override_dirname.exclude_keys)
+    dirname = ",".join(sorted(o.input_line for o in overrides if o.key_or_group not in excluded))
+    return cfg, dirname
+
+
+def run_folder(cfg: DictConfig, dirname: str) -> Path:
+    """``<model>/<dataset>/T<temperature>-n<max_new_tokens>/<dirname>``, as the scales' output_dir."""
+    return Path(cfg.model.name, cfg.dataset.name, f"T{cfg.temperature}-n{cfg.max_new_tokens}", dirname)
+
+
+def sample_keys(dataset: str, limit: int | None) -> list[tuple[str, int, str | None]]:
+    """(sample_id, n_turns, category) of the samples a run covers (MT-Bench: round robin over categories)."""
+    count = min(limit, MAX_SAMPLES) if limit else DEFAULT_SAMPLES
+    if dataset == "mt_bench":
+        return [(str(81 + 10 * index), 2, MT_BENCH_CATEGORIES[index]) for index in range(count)]
+    return [(f"{dataset}/{index}", 1, None) for index in range(count)]
+
+
+def reference_output(seed: int, cfg: DictConfig, sample_id: str, turn: int) -> list[int]:
+    """The AR output of one turn (shared by every lossless run of the same model, data and sampling)."""
+    rng = rng_for(seed, cfg.model.name, cfg.dataset.name, cfg.temperature, cfg.top_p, sample_id, turn)
+    budget = cfg.max_new_tokens
+    length = budget if rng.random() > 0.25 else int(rng.integers(max(budget // 2, 2), budget))
+    return rng.integers(VOCAB_SIZE, size=length).tolist()
+
+
+def accept_lengths(rng: np.random.Generator, tokens: int, tokens_per_step: float) -> list[int]:
+    """Tokens emitted per step, summing to ``tokens`` (the prefill emits the first token of a turn)."""
+    lengths, left = [], tokens
+    while left > 0:
+        step = min(left, 1 + int(rng.binomial(4, (tokens_per_step - 1) / 4)))
+        lengths.append(step)
+        left -= step
+    return lengths
+
+
+def opt_tree_stats(rng: np.random.Generator, accepted: list[int]) -> dict:
+    """OPT-Tree's drafter stats: per-step E (near the accepted count) and accepted drafted tokens."""
+    expected = [round(max(0.0, a + float(rng.normal(0.3, 0.7))), 3) for a in accepted]
+    return {"tree_depth_mean": float(np.mean(accepted) + 1) if accepted else 0.0,
+            "expected_accept_mean": float(np.mean(expected)) if expected else 0.0,
+            "step_expected_accept": expected, "step_accepted": accepted}
+
+
+def turn_record(rng: np.random.Generator, seed: int, cfg: DictConfig, run_id: str, pace: dict,
+                sample: tuple[str, int, str | None], turn: int, prompt_tokens: int) -> dict:
+    """One samples.jsonl line of one turn at the run's ``pace`` (tokens per step, overhead, drafted nodes)."""
+    sample_id, n_turns, category = sample
+    output = reference_output(seed, cfg, sample_id, turn)
+    if not cfg.method.lossless and len(output) > 4 and rng.random() < 0.5:
+        cut = int(rng.integers(1, len(output)))
+        output = output[:cut] + rng.integers(VOCAB_SIZE, size=len(output) - cut).tolist()
+    lengths = accept_lengths(rng, len(output) - 1, pace["tokens_per_step"])
+    drafted = [0 if pace["drafted"] == 0 else max(pace["drafted"], a - 1) for a in lengths]
+    step_s = [round(AR_STEP_S * pace["overhead"] * float(rng.uniform(0.95, 1.05)), 6) for _ in lengths]
+    verify_s = [round(s * float(rng.uniform(0.85, 0.97)), 6) for s in step_s]
+    stats = opt_tree_stats(rng, [a - 1 for a in lengths]) if cfg.method.name == "opt_tree" else {}
+    return {"schema": SCHEMA_VERSION, "run_id": run_id, "sample_id": sample_id, "turn": turn, "n_turns": n_turns,
+            "category": category, "fine_category": None, "prompt_tokens": prompt_tokens,
+            "new_tokens": len(output), "output_ids": output,
+            "output_text": " ".join(f"t{token}" for token in output), "wall_s": PREFILL_S + sum(step_s),
+            "prefill_s": PREFILL_S, "target_forwards": len(lengths), "accept_lengths": lengths,
+            "draft_tokens": drafted, "step_s": step_s, "verify_s": verify_s,
+            "stop_reason": "max_new_tokens" if len(output) == cfg.max_new_tokens else "eos",
+            "drafter_stats": stats}
+
+
+def run_records(seed: int, cfg: DictConfig, folder: Path, run_id: str) -> list[dict]:
+    """Every record of one run: each sample's turns, later turns prompted with the earlier answers."""
+    rng = rng_for(seed, folder)
+    ar = cfg.method.name == "ar"
+    pace = {"tokens_per_step": 1.0 if ar else float(rng.uniform(1.5, 3.0)),
+            "overhead": float(rng.uniform(0.98, 1.02)) if ar else float(rng.uniform(1.05, 1.6)),
+            "drafted": 0 if ar else int(rng.integers(3, 64))}
+    records = []
+    for sample in sample_keys(cfg.dataset.name, cfg.limit):
+        prompt_tokens = int(rng.integers(40, 800))
+        for turn in range(sample[1]):
+            records.append(turn_record(rng, seed, cfg, run_id, pace, sample, turn, prompt_tokens))
+            prompt_tokens += records[-1]["new_tokens"] + int(rng.integers(20, 120))
+    return records
+
+
+def summary(cfg: DictConfig, folder: Path, run_id: str, records: list[dict], seed: int) -> dict:
+    """The complete run's summary.json (every SUMMARY_FIELDS entry, as Runner.summary writes it)."""
+    method = OmegaConf.to_container(cfg.method, resolve=True)
+    rng = rng_for(seed, folder, "memory")
+    stamp = "2026-01-01T00:00:00+00:00"
+    return {"schema": SUMMARY_VERSION, "run_id": run_id, "status": "complete", "model": cfg.model.name,
+            "model_path": cfg.model.get("path"), "method": cfg.method.name, "dataset": cfg.dataset.name,
+            "dataset_info": {"source": "fixture", "variant": None, "n_total": 80, "n_selected": 80, "sampler": None,
+                             "sample_size": None, "sample_seed": None, "order": cfg.dataset.get("order")},
+            "prompt_format": "chat", "lossless": bool(cfg.method.lossless), "hyperparameters": method,
+            "sampling": {"temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed},
+            "repeat": cfg.repeat, "experiment": cfg.get("experiment"), "max_new_tokens": cfg.max_new_tokens,
+            "limit": cfg.limit, "n_samples": len({record["sample_id"] for record in records}),
+            "warmup": cfg.warmup, "started_at": stamp, "updated_at": stamp, "ended_at": stamp,
+            "metrics": aggregate(records),
+            "peak_memory": {"kind": "process_peak_rss", "bytes": int(2**30 * rng.uniform(1.0, 1.1))},
+            "environment": ENVIRONMENT,
+            "config_digest": digest_of(method, cfg)}
+
+
+def digest_of(method: dict, cfg: DictConfig) -> str:
+    """A config digest that, like the runner's, differs whenever the model, data, sampling or method differ."""
+    identity = [method, cfg.model.name, cfg.dataset.name, cfg.temperature, cfg.top_p, cfg.max_new_tokens]
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def profile_rows(model: str) -> list[dict]:
+    """A latency profile with a flat region up to 16 tokens, then linear growth (chain and tree masks)."""
+    rows = []
+    for context in PROFILE_CONTEXTS:
+        for tokens in PROFILE_TOKENS:
+            for mask in MASKS:
+                median = (20 + context / 64) * (1 + max(0, tokens - 16) / 32) * (1.05 if mask == "tree" else 1.0)
+                rows.append(dict(zip(CSV_FIELDS, [model, DEVICE_NAME, "float32", context, tokens, mask,
+                                                  round(median, 3), round(0.95 * median, 3), 3])))
+    return rows
+
+
+def write_fixture_results(root: Path, scale: str = "smoke", experiments: list[str] | None = None,
+                          seed: int = 0) -> Path:
+    """Write one synthetic run per job of the scale's experiments (shared run folders once) and the
+    latency profiles under ``root``; return ``root``."""
+    root = Path(root)
+    jobs = {}  # run folder -> config; a folder several experiments share keeps its largest limit
+    for name in experiments or experiment_names(scale):
+        for job in sweep_jobs(scale, name):
+            cfg, dirname = job_config(job)
+            folder = run_folder(cfg, dirname)
+            kept = jobs.get(folder)
+            if kept is None or (kept.limit is not None and (cfg.limit is None or cfg.limit > kept.limit)):
+                jobs[folder] = cfg
+    for folder, cfg in jobs.items():
+        run_id = f"{folder.name}@20260101T000000"
+        records = run_records(seed, cfg, folder, run_id)
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        (root / folder / "samples.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+        (root / folder / "summary.json").write_text(json.dumps(summary(cfg, folder, run_id, records, seed), indent=2))
+    for model in load_plan(scale).profile_models:
+        (root / "profile" / model).mkdir(parents=True, exist_ok=True)
+        write_csv(profile_rows(model), root / "profile" / model / "latency_cpu_float32.csv")
+    return root

@@ -1,0 +1,140 @@
+"""Reproduction plans and experiment configs: every job composes, plans name real experiments, one
+experiment runs end to end as a Hydra multirun, and the paper-vs-measured tables carry both numbers."""
+
+import itertools
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+from specbench.config import compose_config
+from specbench.errors import ConfigError
+from specbench.reproduce.plan import experiment_names, load_plan, scales, select, sweep_jobs
+from specbench.reproduce.results import load_results
+from specbench.reproduce.tables import build_tables, compare, paper_values, parse_setting
+from tests.conftest import ROOT
+from tests.reproduce_fixture import write_fixture_results
+
+EXPERIMENTS = [(scale, name) for scale in scales() for name in experiment_names(scale)]
+
+
+def covering_jobs(jobs: list[list[str]]) -> list[list[str]]:
+    """A few jobs that together use every value of every sweep axis (the full product can be 200 jobs)."""
+    values = [sorted({job[i] for job in jobs}) for i in range(len(jobs[0]))]
+    width = max(len(axis) for axis in values)
+    return [[axis[k % len(axis)] for axis in values] for k in range(width)]
+
+
+@pytest.mark.parametrize("scale,name", EXPERIMENTS, ids=[f"{s}/{n}" for s, n in EXPERIMENTS])
+def test_every_experiment_job_composes(scale, name):
+    jobs = sweep_jobs(scale, name)
+    assert jobs and all(any(o.startswith("method=") for o in job) for job in jobs)  # run folders name the method
+    for job in covering_jobs(jobs):
+        cfg = compose_config(*job)
+        OmegaConf.to_container(cfg.method, resolve=True)
+        OmegaConf.to_container(cfg.dataset, resolve=True)
+        assert cfg.experiment == name
+        assert str(cfg.results_root).endswith(f"experiments/{scale}")
+
+
+def test_plans_hold_every_experiment_of_their_scale():
+    for scale in scales():
+        plan = load_plan(scale)
+        assert sorted(plan.experiments) == experiment_names(scale)
+        assert plan.experiments[0].startswith("baselines")  # AR first: later sweeps pair with it
+
+
+def test_smoke_plan_replaces_every_model_by_the_stand_in():
+    plan = load_plan("smoke")
+    models = {compose_config(*job).model.name for name in plan.experiments for job in sweep_jobs("smoke", name)}
+    assert models == {plan.stand_in_model}
+
+
+def test_unknown_scale_and_experiment_are_clear_errors():
+    with pytest.raises(ConfigError, match="choose one of"):
+        load_plan("huge")
+    with pytest.raises(ConfigError, match="not in the smoke plan"):
+        select(load_plan("smoke"), ["r9_nothing"])
+
+
+def test_sweep_jobs_expand_the_cartesian_product():
+    jobs = sweep_jobs("smoke", "r1_branch_grid")
+    lengths = {job[-2] for job in jobs}
+    numbers = {job[-1] for job in jobs}
+    assert len(jobs) == len(lengths) * len(numbers) == 12
+    assert set(itertools.product(lengths, numbers)) == {(job[-2], job[-1]) for job in jobs}
+
+
+def test_paper_values_are_complete_rows():
+    values = paper_values()
+    assert set(values["paper"]) == {"self_draft", "anpd", "opt_tree", "medusa", "lookahead", "lade"}
+    assert values["value"].notna().all()
+    for setting in values["setting"]:
+        assert all(key.startswith(("method.", "category")) for key in parse_setting(setting))
+
+
+def test_settings_compare_as_values_not_text():
+    assert parse_setting("method.drafter.threshold=0.50;method.drafter.nodes=50") == \
+        parse_setting("method.drafter.nodes=50;method.drafter.threshold=0.5")
+    assert parse_setting("") == {}
+
+
+@pytest.fixture(scope="module")
+def fixture_results(tmp_path_factory):
+    root = write_fixture_results(tmp_path_factory.mktemp("experiments") / "smoke")
+    return root, load_results(root), load_results(root, by="category")
+
+
+def test_tables_put_paper_and_measured_values_side_by_side(fixture_results, tmp_path):
+    root, results, by_category = fixture_results
+    written = build_tables(results, by_category, tmp_path, "smoke", "smollm2_135m")
+    assert "opt_tree_table_1" in written and "speedup_statistics" in written
+    markdown = (tmp_path / "opt_tree_table_1.md").read_text()
+    assert "51.89" in markdown and "smollm2_135m" in markdown and "NOT the papers' setting" in markdown
+    assert (tmp_path / "opt_tree_table_1.tex").read_text().startswith(r"\begin{table}")
+    table = pd.read_csv(tmp_path / "opt_tree_table_1.csv")
+    mal = table[(table["method"] == "opt_tree") & (table["metric"] == "tokens_per_step")
+                & (table["dataset"] == "mt_bench")]
+    run = results.runs[(results.runs["method"] == "opt_tree") & (results.runs["dataset"] == "mt_bench")
+                       & (results.runs["setting"] == "") & (results.runs["temperature"] == 0)]
+    ours = mal[mal["draft"] == "L-68M"]
+    assert len(run) == 1 and len(ours)
+    assert ours["measured"].tolist() == pytest.approx([run["tokens_per_step"].iloc[0]] * len(ours))
+    assert ours["difference"].tolist() == pytest.approx((ours["measured"] - ours["value"]).tolist())
+    assert mal[mal["draft"].isin(["EAGLE", "L-1B"])]["measured"].isna().all()  # drafts we do not run
+
+
+def test_repeats_give_mean_and_std(fixture_results):
+    _, results, by_category = fixture_results
+    values = paper_values()
+    table4 = values[(values["paper"] == "lookahead") & (values["table"] == "Table 4") & (values["dataset"] == "dolly")]
+    compared = compare(table4, results, by_category, "smollm2_135m")
+    measured = compared[compared["metric"] == "throughput"]
+    assert (measured["repeats"] == 3).all() and measured["measured_std"].notna().all()
+
+
+def test_rows_with_a_setting_match_only_that_setting(fixture_results):
+    _, results, by_category = fixture_results
+    values = paper_values()
+    row = values[(values["paper"] == "lookahead") & (values["table"] == "Table 6")].iloc[[0]]
+    row = row.assign(dataset="dolly", setting="method.drafter.output_node_capacity_factor=4")
+    compared = compare(row, results, by_category, "smollm2_135m")
+    runs = results.runs
+    expected = runs[(runs["method"] == "lookahead") & (runs["setting"] == "method.drafter.output_node_capacity_factor=4")]
+    assert compared["measured"].iloc[0] == pytest.approx(expected["throughput_total"].iloc[0])
+
+
+@pytest.mark.slow
+def test_an_experiment_runs_as_a_multirun_and_pairs_with_its_ar_run(tmp_path):
+    command = [sys.executable, "-m", "specbench", "--multirun", "+experiment=smoke/r2_table1_code",
+               "model=tiny_llama", "limit=1", "max_new_tokens=4", "warmup=0", "progress=false",
+               f"results_root={tmp_path}"]
+    subprocess.run(command, cwd=ROOT, check=True, capture_output=True)
+    results = load_results(tmp_path)
+    assert sorted(results.runs["method"]) == ["anpd", "ar"]
+    anpd = results.runs[results.runs["method"] == "anpd"].iloc[0]
+    assert anpd["n_common"] == 1 and anpd["exact_match_rate"] == 1.0
+    subprocess.run(command, cwd=ROOT, check=True, capture_output=True)  # complete runs: nothing repeated
+    assert len(load_results(tmp_path).samples) == 2

@@ -13,7 +13,7 @@ from specbench.train import __main__ as cli
 from specbench.train import selfdistill, sources
 from specbench.train.agreement import chain_steps
 from specbench.train.common import compose_train, load_target
-from specbench.train.draft import distilled_draft_dir, layer_plan
+from specbench.train.draft import distilled_draft_dir, layer_plan, settings_digest
 
 TINY_DATA = ["model=tiny_llama", "device=cpu", "prompts.max_prompts=4", "prompts.max_new_tokens=6",
              "prompts.batch_size=3", "prompts.teacher_topk=5"]
@@ -174,3 +174,11 @@ def test_train_draft_end_to_end_saves_a_loadable_draft_once(cache, shared_data, 
     monkeypatch.setattr(draft_cli, "load_target", lambda cfg: pytest.fail("an up-to-date draft was retrained"))
     assert cli.main(["draft", *overrides]) == 0
     assert "up to date" in capsys.readouterr().out
+
+
+def test_draft_settings_digest_ignores_the_measured_rank_profile():
+    """rank_hits is measured on the trained draft (and written into the model config afterwards): changing it
+    must not make `make train-draft` retrain a draft whose training settings are unchanged."""
+    default = settings_digest(compose_train("draft", ["model=smollm2_135m"]))
+    assert settings_digest(compose_train("draft", ["model=smollm2_135m", "model.draft.rank_hits=[0.5]"])) == default
+    assert settings_digest(compose_train("draft", ["model=smollm2_135m", "train.steps=7"])) != default

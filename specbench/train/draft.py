@@ -79,12 +79,14 @@ def settings_digest(cfg: DictConfig) -> str:
     """Digest of the settings that define the draft; budgets and speed knobs are left out.
 
     ``train.max_minutes`` is a budget, like ``prompts.batch_size`` a speed knob: a run the time limit
-    cut short says so in training.json (``stopped_by``), and ``force=true`` retrains it.
+    cut short says so in training.json (``stopped_by``), and ``force=true`` retrains it. The model's
+    ``draft.rank_hits`` is a measurement of the trained draft (this command reports it), not a setting.
     """
-    prompts, train = container(cfg.prompts), container(cfg.train)
+    prompts, train, model = container(cfg.prompts), container(cfg.train), container(cfg.model)
     prompts.pop("batch_size")
     train.pop("max_minutes")
-    return digest({"model": container(cfg.model), "dtype": cfg.dtype, "prompts": prompts,
+    (model.get("draft") or {}).pop("rank_hits", None)
+    return digest({"model": model, "dtype": cfg.dtype, "prompts": prompts,
                    "draft": container(cfg.draft), "train": train})
 
 

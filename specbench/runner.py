@@ -43,9 +43,23 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("invalid run settings: " + "; ".join(problems))
 
 
+LOCATION_KEYS = ("data_dir", "corpus.files")
+"""Keys (matched on their dotted path's end, at any depth) that say where this machine keeps local inputs
+(dataset copies, Self-Draft's corpus text), not what a sample's result is; left out of the digest so a
+clone elsewhere resumes the same runs."""
+
+
+def without_locations(node, path: str = ""):
+    """A copy of a nested dict without the LOCATION_KEYS entries."""
+    if not isinstance(node, dict):
+        return node
+    return {key: without_locations(value, f"{path}{key}.") for key, value in node.items()
+            if not f"{path}{key}".endswith(LOCATION_KEYS)}
+
+
 def config_digest(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> str:
     """sha256 over everything that determines a sample's result (resolved device and dtype included)."""
-    identity = OmegaConf.to_container(cfg, resolve=True)
+    identity = without_locations(OmegaConf.to_container(cfg, resolve=True))
     for key in RUN_ONLY_KEYS:
         identity.pop(key, None)
     identity.update(device=device.type, dtype=str(dtype))

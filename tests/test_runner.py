@@ -8,11 +8,12 @@ import sys
 import time
 
 import pytest
+import torch
 
 from specbench.config import compose_config as compose_run
 from specbench.config import group_options
 from specbench.errors import ConfigError, DataUnavailable, RunConflict
-from specbench.runner import Runner
+from specbench.runner import Runner, config_digest
 from specbench.schema import SUMMARY_FIELDS, validate_record
 from tests.conftest import ROOT
 
@@ -180,3 +181,14 @@ def test_local_weights_through_the_generic_hub_model(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["model"] == "my_model" and summary["model_path"] == str(weights)
     assert records(out)[0]["new_tokens"] == 12
+
+
+def test_digest_ignores_where_local_inputs_live():
+    """A clone on another machine (other data_dir / corpus path) resumes the same runs; a knob change does not."""
+    def digest(*overrides):
+        cfg = compose_run(*TINY, "method=self_draft", *overrides)
+        return config_digest(cfg, torch.device("cpu"), torch.float32)
+
+    base = digest("data_dir=/a", "method.drafter.corpus.files=/a/corpus")
+    assert digest("data_dir=/b", "method.drafter.corpus.files=/b/corpus") == base
+    assert digest("data_dir=/a", "method.drafter.corpus.files=/a/corpus", "method.drafter.branch_len=4") != base

@@ -19,11 +19,11 @@ from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf
 
 from specbench.config import compose_config
+from specbench.runner import LOCATION_KEYS
 from specbench.report import (find_run_dirs, match_ar, paired_samples, read_run, split_by, _runs_frame,
                               _samples_frame)
 
 STAMP_FIELDS = ("device_name", "cpu", "torch", "transformers", "dtype", "git_commit")
-IGNORED_KNOBS = ("data_dir", "corpus.files")  # where this machine keeps local inputs, not how the method works
 BOOTSTRAP_SAMPLES = 1000
 
 
@@ -60,7 +60,7 @@ def changed_knobs(summary: dict) -> dict:
     knobs = flatten(summary["hyperparameters"], "method.")
     defaults = default_knobs(summary["method"], summary["model"], sampling["temperature"], sampling["top_p"])
     return {key: value for key, value in knobs.items()
-            if not key.endswith(IGNORED_KNOBS) and (key not in defaults or defaults[key] != value)}
+            if not key.endswith(LOCATION_KEYS) and (key not in defaults or defaults[key] != value)}
 
 
 def setting_text(knobs: dict) -> str:

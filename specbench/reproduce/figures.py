@@ -468,6 +468,7 @@ def build_figures(results: Results, by_category: Results, profile_root: Path, ou
             if fig is None:
                 path.unlink(missing_ok=True)
             else:
-                fig.savefig(path, dpi=150)
+                # NOTE: no creation date in the PDF, so an unchanged figure rebuilds byte for byte
+                fig.savefig(path, dpi=150, metadata={"CreationDate": None} if path.suffix == ".pdf" else None)
         written[name] = paths if fig is not None else []
     return written

@@ -7,8 +7,9 @@ from pathlib import Path
 
 from specbench.errors import UserError
 from specbench.reproduce.figures import build_figures
+from specbench.report import split_by
 from specbench.reproduce.plan import Plan
-from specbench.reproduce.results import Results, load_results, stamp
+from specbench.reproduce.results import Results, read_measured, results_of, stamp
 from specbench.reproduce.tables import build_tables
 
 
@@ -31,7 +32,8 @@ def build(plan: Plan) -> None:
     if not plan.results_root.is_dir():
         raise UserError(f"no results under {plan.results_root}; run `python -m specbench.reproduce run "
                         f"--scale {plan.scale}` first (or `make reproduce-tables SCALE={plan.scale}`)")
-    results, by_category = load_results(plan.results_root), load_results(plan.results_root, by="category")
+    runs = read_measured(plan.results_root)  # read once, then viewed whole and split by MT-Bench category
+    results, by_category = results_of(runs), results_of(split_by(runs, "category"))
     tables = build_tables(results, by_category, plan.tables_dir, plan.scale, plan.stand_in_model)
     figures = build_figures(results, by_category, plan.profile_root, plan.figures_dir)
     index = plan.tables_dir / "README.md"

@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 from specbench.config import compose_config
 from specbench.runner import LOCATION_KEYS
-from specbench.report import (find_run_dirs, match_ar, paired_samples, read_run, split_by, _runs_frame,
+from specbench.report import (Run, find_run_dirs, match_ar, paired_samples, read_run, split_by, _runs_frame,
                               _samples_frame)
 
 STAMP_FIELDS = ("device_name", "cpu", "torch", "transformers", "dtype", "git_commit")
@@ -91,9 +91,10 @@ def _extra_columns(run_dir: Path) -> dict:
 
 
 def _extras_frame(run_dirs: pd.Series) -> pd.DataFrame:
-    """The extra columns of each run (``RUN#part`` rows of a split share their run's)."""
-    return pd.DataFrame([{"run_dir": run_dir, **_extra_columns(Path(run_dir.split("#")[0]))}
-                         for run_dir in run_dirs])
+    """The extra columns of each run, read once per run folder (``RUN#part`` rows of a split share their run's)."""
+    folders = run_dirs.str.split("#").str[0]
+    extras = {folder: _extra_columns(Path(folder)) for folder in folders.unique()}
+    return pd.DataFrame([{"run_dir": run_dir, **extras[folder]} for run_dir, folder in zip(run_dirs, folders)])
 
 
 def measured_runs(root: Path | str) -> list[Path]:
@@ -120,11 +121,19 @@ def measured_runs(root: Path | str) -> list[Path]:
     return [run_dir for _, run_dir in kept.values()]
 
 
+def read_measured(root: Path | str) -> list[Run]:
+    """The measured runs under ``root`` as read from disk (see ``measured_runs``)."""
+    return [read_run(run_dir) for run_dir in measured_runs(root)]
+
+
 def load_results(root: Path | str, by: str | None = None) -> Results:
     """Every measured run under ``root`` (optionally split by a record field such as ``category``), paired with AR."""
-    runs = [read_run(run_dir) for run_dir in measured_runs(root)]
-    if by is not None:
-        runs = split_by(runs, by)
+    runs = read_measured(root)
+    return results_of(runs if by is None else split_by(runs, by))
+
+
+def results_of(runs: list[Run]) -> Results:
+    """Runs already read (whole or split), with metrics, AR pairing, extra columns and speedup statistics."""
     frame, samples = _runs_frame(runs), _samples_frame(runs)
     matched = match_ar(frame, samples).merge(_extras_frame(frame["run_dir"]), on="run_dir")
     pairs = paired_samples(matched, samples)

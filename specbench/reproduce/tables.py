@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from specbench.reproduce.results import Results, format_value, stamp
+from specbench.reproduce.results import Results, format_value, setting_text, stamp
 
 PAPER_COLUMNS = ["paper", "table", "paper_model", "model", "draft", "dataset", "paper_method", "method",
                  "setting", "temperature", "metric", "value", "std", "note"]
@@ -60,11 +60,6 @@ def _yaml_value(text: str):
     return tuple(value) if isinstance(value, list) else value
 
 
-def _run_setting(run: pd.Series) -> dict:
-    """The changed knobs of a run as {key: canonical value text} (``setting`` is their sorted text)."""
-    return parse_setting(run["setting"]) if run["setting"] else {}
-
-
 def matching_runs(row: pd.Series, runs: pd.DataFrame, stand_in: str | None) -> pd.DataFrame:
     """The runs that measure one paper row: same model (or stand-in), dataset, method, T and knobs."""
     model = stand_in or row["model"]
@@ -75,7 +70,7 @@ def matching_runs(row: pd.Series, runs: pd.DataFrame, stand_in: str | None) -> p
     dataset = f"{row['dataset']}/{category}" if category else row["dataset"]
     same = runs[(runs["model"] == model) & (runs["dataset"] == dataset) & (runs["method"] == row["method"])
                 & np.isclose(runs["temperature"], float(row["temperature"] or 0))]
-    return same[[_run_setting(run) == wanted for _, run in same.iterrows()]]
+    return same[same["setting"] == setting_text(wanted)]  # both canonical: sorted keys, format_value values
 
 
 def measure(row: pd.Series, runs: pd.DataFrame) -> dict:

@@ -19,7 +19,7 @@ from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf
 
 from specbench.config import compose_config
-from specbench.runner import LOCATION_KEYS
+from specbench.runner import without_locations
 from specbench.report import (Run, find_run_dirs, match_ar, paired_samples, read_run, split_by, _runs_frame,
                               _samples_frame)
 
@@ -57,10 +57,9 @@ def default_knobs(method: str, model: str, temperature: float, top_p: float) -> 
 def changed_knobs(summary: dict) -> dict:
     """The method knobs a run set away from the method's defaults: {"method.drafter.nodes": 10, ...}."""
     sampling = summary["sampling"]
-    knobs = flatten(summary["hyperparameters"], "method.")
+    knobs = flatten(without_locations(summary["hyperparameters"]), "method.")
     defaults = default_knobs(summary["method"], summary["model"], sampling["temperature"], sampling["top_p"])
-    return {key: value for key, value in knobs.items()
-            if not key.endswith(LOCATION_KEYS) and (key not in defaults or defaults[key] != value)}
+    return {key: value for key, value in knobs.items() if key not in defaults or defaults[key] != value}
 
 
 def setting_text(knobs: dict) -> str:

@@ -39,14 +39,17 @@ from specbench.errors import ConfigError, UserError
 from specbench.metrics import aggregate
 from specbench.models.loading import LoadedModel, load_model, resolve_device, resolve_dtype
 from specbench.runner import sample_generator
+from specbench.schema import PHASES
 
 SUITES_DIR = CONF_DIR / "bench"
 RESULTS_DIR = PROJECT_ROOT / "results" / "bench"
-RECORD_KEYS = ("new_tokens", "wall_s", "prefill_s", "target_forwards", "draft_tokens", "step_s", "verify_s")
 COLUMNS = [("label", "entry", "{}"), ("lossless", "lossless", "{}"), ("tokens_per_step", "tok/step", "{:.2f}"),
            ("throughput_total", "tok/s", "{:.2f}"), ("speedup", "speedup", "{:.3f}"),
            ("overhead", "overhead", "{:.2f}"), ("exact_match_rate", "exact", "{:.2f}"),
-           ("outside_forward_share", "outside_fwd", "{:.1%}"), ("step_latency_s", "step_ms", "{:.1f}")]
+           ("step_latency_s", "step_ms", "{:.1f}"), ("outside_forward_s", "outside_ms", "{:.2f}"),
+           ("outside_forward_share", "outside_fwd", "{:.1%}"), ("draft_share", "draft", "{:.1%}"),
+           ("accept_share", "accept", "{:.1%}"), ("update_share", "update", "{:.1%}")]
+MILLISECONDS = ("step_latency_s", "outside_forward_s")
 
 
 @dataclass(frozen=True)
@@ -115,8 +118,8 @@ def timed_generation(engine, prompt_ids: list[int], cfg: DictConfig, sample_id: 
     wall = time.perf_counter() - start
     return {"new_tokens": len(gen.output_ids), "wall_s": wall, "prefill_s": gen.prefill_s,
             "target_forwards": gen.target_forwards, "draft_tokens": gen.draft_tokens,
-            "step_s": gen.step_s, "verify_s": gen.verify_s, "output_ids": gen.output_ids,
-            "drafter_stats": engine.stats()}
+            **{f"{key}_s": getattr(gen, f"{key}_s") for key in ("step", *PHASES)},
+            "output_ids": gen.output_ids, "drafter_stats": engine.stats()}
 
 
 def fresh_engines(configs: dict[str, DictConfig], lm: LoadedModel, prompt_ids: list[int]) -> dict:
@@ -124,8 +127,9 @@ def fresh_engines(configs: dict[str, DictConfig], lm: LoadedModel, prompt_ids: l
     engines = {}
     for label, cfg in configs.items():
         sampling = Sampling(cfg.temperature, cfg.top_p)
-        timed_generation(build_engine(cfg.method, lm, sampling), prompt_ids, cfg, "warmup", lm.model.device)
-        engines[label] = build_engine(cfg.method, lm, sampling)
+        timed_generation(build_engine(cfg.method, lm, sampling, cfg.step_breakdown), prompt_ids, cfg, "warmup",
+                         lm.model.device)
+        engines[label] = build_engine(cfg.method, lm, sampling, cfg.step_breakdown)
     return engines
 
 
@@ -175,7 +179,7 @@ def format_rows(rows: list[dict]) -> str:
         cells = []
         for key, _, fmt in COLUMNS:
             value = row.get(key)
-            cells.append("-" if value is None else fmt.format(value * 1000 if key == "step_latency_s" else value))
+            cells.append("-" if value is None else fmt.format(value * 1000 if key in MILLISECONDS else value))
         table.append(cells)
     widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)) for line in table)

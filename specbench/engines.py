@@ -65,7 +65,8 @@ class HFGenerate:
             hook.remove()
         output = out[0, len(prompt_ids):].tolist()
         stop = "eos" if output and output[-1] in (config.eos_token_id or []) else "max_new_tokens"
-        return Generation(output, forward_ends[0] - start, len(forward_ends) - 1, stop, None, None, None, None)
+        return Generation(output, forward_ends[0] - start, len(forward_ends) - 1, stop,
+                          accept_lengths=None, draft_tokens=None, step_s=None)
 
 
 def hf_assistant(assistant_cfg, lm: LoadedModel) -> dict:
@@ -87,8 +88,11 @@ def hf_assistant(assistant_cfg, lm: LoadedModel) -> dict:
     return kwargs
 
 
-def build_engine(method_cfg, lm: LoadedModel, sampling: Sampling):
-    """The object whose ``generate(prompt_ids, max_new_tokens, generator)`` the runner times."""
+def build_engine(method_cfg, lm: LoadedModel, sampling: Sampling, step_breakdown: bool | str | None = "auto"):
+    """The object whose ``generate(prompt_ids, max_new_tokens, generator)`` the runner times.
+
+    ``step_breakdown`` switches the loop's per-phase timing (see ``specbench.core.loop``).
+    """
     if method_cfg.engine not in ENGINES:
         raise ConfigError(f"method.engine must be one of {ENGINES}; got {method_cfg.engine!r}")
     if method_cfg.engine == "hf_generate":
@@ -98,4 +102,4 @@ def build_engine(method_cfg, lm: LoadedModel, sampling: Sampling):
     accept_fn = acceptance_rule(method_cfg.get("acceptance", "match"), method_cfg.get("acceptance_kwargs"))
     drafter = hydra.utils.instantiate(method_cfg.drafter)
     drafter.setup(lm.model, lm.tokenizer)
-    return Decoder(lm.model, drafter, lm.eos_ids, sampling, accept_fn)
+    return Decoder(lm.model, drafter, lm.eos_ids, sampling, accept_fn, step_breakdown)

@@ -6,11 +6,15 @@ Conventions (papers differ; see ALGORITHMS.md 0.3):
   1.0. ``tokens_per_forward`` is the LADE / Self-Draft convention: all generated tokens divided by
   all target forwards, prefill included.
 - Speedup is never computed here: the report joins a run with its matching AR run.
+- The step breakdown (``<phase>_share``: draft, verify, accept, update) is each phase's share of the
+  step time, over the records timed with ``step_breakdown`` on; the rest is the loop's own bookkeeping.
 """
 
 from __future__ import annotations
 
 from typing import Iterable
+
+from specbench.schema import PHASES
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -28,6 +32,7 @@ def aggregate(records: Iterable[dict]) -> dict:
     stepped = [r for r in records if r.get("step_s") is not None]
     timed = [r for r in records if r.get("verify_s") is not None]
     timed_step_s = sum(sum(r["step_s"]) for r in timed)
+    outside_s = timed_step_s - sum(sum(r["verify_s"]) for r in timed)
     per_sample = [r["new_tokens"] / r["wall_s"] for r in records if r["wall_s"] > 0]
     tokens_per_step = _ratio(step_tokens, steps)
     return {
@@ -44,5 +49,14 @@ def aggregate(records: Iterable[dict]) -> dict:
         "draft_efficiency": _ratio(step_tokens - steps, drafted) if drafted else None,
         "step_latency_s": _ratio(sum(sum(r["step_s"]) for r in stepped),
                                  sum(r["target_forwards"] for r in stepped)),
-        "outside_forward_share": _ratio(timed_step_s - sum(sum(r["verify_s"]) for r in timed), timed_step_s),
+        "outside_forward_share": _ratio(outside_s, timed_step_s),
+        "outside_forward_s": _ratio(outside_s, sum(r["target_forwards"] for r in timed)),
+        **phase_shares(records),
     }
+
+
+def phase_shares(records: list[dict]) -> dict:
+    """``<phase>_share``: the phase's time over the step time, for records with the step breakdown."""
+    broken = [r for r in records if r.get("draft_s") is not None]
+    step_s = sum(sum(r["step_s"]) for r in broken)
+    return {f"{phase}_share": _ratio(sum(sum(r[f"{phase}_s"]) for r in broken), step_s) for phase in PHASES}

@@ -21,7 +21,7 @@ import pandas as pd
 
 from specbench.errors import UserError
 from specbench.metrics import aggregate
-from specbench.schema import SAMPLE_FIELDS, SCHEMA_VERSION, validate_record
+from specbench.schema import SAMPLE_FIELDS, upgrade_record, validate_record
 
 PathLike = str | Path
 
@@ -102,19 +102,11 @@ def _parse_line(path: Path, number: int, line: str, is_last: bool) -> dict | Non
         warnings.warn(f"{path}:{number}: skipping truncated last line (interrupted run?)",
                       stacklevel=2)
         return None
-    _check_record(path, number, record)
-    return record
-
-
-def _check_record(path: Path, number: int, record: dict) -> None:
-    """Raise ReportError when a record lacks schema fields or was written under another schema."""
     try:
         validate_record(record)
     except ValueError as error:
         raise ReportError(f"{path}:{number}: {error}") from error
-    if record["schema"] != SCHEMA_VERSION:
-        raise ReportError(f"{path}:{number}: schema {record['schema']!r}, "
-                          f"this report reads {SCHEMA_VERSION!r}")
+    return upgrade_record(record)
 
 
 def _identity(run_dir: Path, summary: dict) -> dict:

@@ -21,11 +21,11 @@ from specbench.engines import build_engine
 from specbench.errors import ConfigError
 from specbench.metrics import aggregate
 from specbench.models.loading import LoadedModel, load_model, resolve_device, resolve_dtype
-from specbench.schema import SCHEMA_VERSION, SUMMARY_VERSION
+from specbench.schema import PHASES, SCHEMA_VERSION, SUMMARY_VERSION
 from specbench.store import RunStore
 
 RUN_ONLY_KEYS = ("limit", "warmup", "output_dir", "data_dir", "force", "progress", "repeat", "experiment",
-                 "results_root")
+                 "results_root", "step_breakdown")
 """Top-level keys that do not change what a sample's result is (excluded from the config digest)."""
 
 
@@ -39,6 +39,8 @@ def validate(cfg: DictConfig) -> None:
     if cfg.warmup < 0:
         problems.append(f"warmup must be >= 0 (got {cfg.warmup})")
     problems += sampling_problems(cfg.temperature, cfg.top_p)
+    if cfg.step_breakdown not in (True, False, "auto"):
+        problems.append(f"step_breakdown must be true, false or auto (got {cfg.step_breakdown!r})")
     if problems:
         raise ConfigError("invalid run settings: " + "; ".join(problems))
 
@@ -64,6 +66,11 @@ def config_digest(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> 
         identity.pop(key, None)
     identity.update(device=device.type, dtype=str(dtype))
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def rounded(seconds: list[float] | None) -> list[float] | None:
+    """Per-step times to the microsecond (None stays None: not measured)."""
+    return None if seconds is None else [round(s, 6) for s in seconds]
 
 
 def sample_generator(seed: int, sample_id: str) -> torch.Generator:
@@ -122,7 +129,7 @@ class Runner:
         try:
             if pending:
                 self._warm_up(pending[0])
-            self.engine = build_engine(self.cfg.method, self.lm, self.sampling)
+            self.engine = build_engine(self.cfg.method, self.lm, self.sampling, self.cfg.step_breakdown)
             self._run_samples(pending)
             status = "complete"
         except KeyboardInterrupt:
@@ -140,7 +147,7 @@ class Runner:
         """
         if not self.cfg.warmup:
             return
-        engine = build_engine(self.cfg.method, self.lm, self.sampling)
+        engine = build_engine(self.cfg.method, self.lm, self.sampling, self.cfg.step_breakdown)
         prompt_ids = self._prompt(sample, [])
         for _ in range(self.cfg.warmup):
             with torch.inference_mode():
@@ -210,8 +217,7 @@ class Runner:
             "target_forwards": gen.target_forwards,
             "accept_lengths": gen.accept_lengths,
             "draft_tokens": gen.draft_tokens,
-            "step_s": None if gen.step_s is None else [round(s, 6) for s in gen.step_s],
-            "verify_s": None if gen.verify_s is None else [round(s, 6) for s in gen.verify_s],
+            **{f"{key}_s": rounded(getattr(gen, f"{key}_s")) for key in ("step", *PHASES)},
             "stop_reason": gen.stop_reason,
             "drafter_stats": self.engine.stats(),
         }

@@ -6,13 +6,18 @@ A run directory holds:
   atomically after every sample, so an interrupted run still has a valid one);
 - ``config.yaml``: the Hydra-resolved config of the run.
 
-Bump ``SCHEMA_VERSION`` whenever a field changes meaning; readers check it.
+Bump ``SCHEMA_VERSION`` whenever a field changes meaning; readers check it. Readers still read
+``specbench.samples/1`` records (before the step breakdown): ``upgrade_record`` fills the fields added
+since with null, which is what a run without the breakdown writes.
 """
 
 from __future__ import annotations
 
-SCHEMA_VERSION = "specbench.samples/1"
+SCHEMA_VERSION = "specbench.samples/2"
 SUMMARY_VERSION = "specbench.summary/1"
+
+PHASES = ("draft", "verify", "accept", "update")
+"""The step breakdown's phases, in step order (record fields ``<phase>_s``)."""
 
 SAMPLE_FIELDS: dict[str, str] = {
     "schema": "SCHEMA_VERSION of the writer",
@@ -31,9 +36,15 @@ SAMPLE_FIELDS: dict[str, str] = {
     "target_forwards": "target forwards after the prefill (= decoding steps)",
     "accept_lengths": "tokens emitted per step, bonus/correction included (null for hf_generate)",
     "draft_tokens": "drafted nodes verified per step, root excluded (null for hf_generate)",
-    "step_s": "wall time per step (null for hf_generate)",
-    "verify_s": "wall time of the target verify forward per step; step_s - verify_s is the method's "
-                "overhead (drafting, acceptance, cache bookkeeping); null for hf_generate",
+    "step_s": "wall time per step, device synchronized at its end (null for hf_generate)",
+    "draft_s": "step breakdown (null unless step_breakdown is on; auto = on for CPU): time per step in "
+               "drafter.propose",
+    "verify_s": "step breakdown: time per step in the target verify forward; step_s - verify_s is the "
+                "method's overhead (drafting, acceptance, cache bookkeeping). Always present in "
+                "specbench.samples/1 records (then null only for hf_generate)",
+    "accept_s": "step breakdown: time per step in the acceptance rule and the KV-cache compaction",
+    "update_s": "step breakdown: time per step in drafter.observe (pools, tries, draft caches) and in "
+                "freeing the step's trees and logits",
     "stop_reason": "'eos' or 'max_new_tokens'",
     "drafter_stats": "the drafter's stats() after this turn (pool sizes, hit rates, ...)",
 }
@@ -67,8 +78,23 @@ SUMMARY_FIELDS: dict[str, str] = {
 }
 
 
+ADDED_FIELDS: dict[str, tuple[str, ...]] = {
+    "specbench.samples/1": ("draft_s", "accept_s", "update_s"),
+}
+"""Per readable older schema: the SAMPLE_FIELDS its records lack (null when read)."""
+
+
 def validate_record(record: dict) -> None:
-    """Raise ValueError when a samples.jsonl record lacks a schema field."""
-    missing = [name for name in SAMPLE_FIELDS if name not in record]
+    """Raise ValueError when a samples.jsonl record is of an unknown schema or lacks one of its fields."""
+    schema = record.get("schema")
+    if schema != SCHEMA_VERSION and schema not in ADDED_FIELDS:
+        raise ValueError(f"schema {schema!r}; this reader reads {[SCHEMA_VERSION, *ADDED_FIELDS]}")
+    added = ADDED_FIELDS.get(schema, ())
+    missing = [name for name in SAMPLE_FIELDS if name not in record and name not in added]
     if missing:
         raise ValueError(f"record is missing schema fields: {missing}")
+
+
+def upgrade_record(record: dict) -> dict:
+    """A valid record in the current layout: fields added since its schema are null (not measured)."""
+    return {**{name: None for name in ADDED_FIELDS.get(record["schema"], ())}, **record}

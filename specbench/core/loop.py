@@ -1,4 +1,10 @@
-"""The one decode loop: prefill -> [propose -> verify -> accept -> compact -> observe] until EOS/budget."""
+"""The one decode loop: prefill -> [propose -> verify -> accept -> compact -> observe] until EOS/budget.
+
+Timing: the device is synchronized at the prefill's ends and at the end of every step (the step's
+wall time is a reported metric). The per-phase breakdown (draft, verify forward, acceptance + cache
+update, drafter update) adds one synchronization per phase end, so it is switchable: ``auto`` turns it
+on where synchronization is free (CPU) and off on CUDA, where extra syncs would stall the queue.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ from specbench.core.tree import DraftTree
 from specbench.core.verify import compact_cache, forward_tree, new_cache, prefill
 from specbench.drafters.base import DecodeContext, Drafter
 from specbench.errors import ConfigError
+from specbench.schema import PHASES
 
 AcceptFn = Callable[[DraftTree, torch.Tensor, Sampling, "torch.Generator | None"], Acceptance]
 
@@ -28,13 +35,53 @@ class Generation:
     accept_lengths: list[int] | None = field(default_factory=list)  # tokens emitted per step
     draft_tokens: list[int] | None = field(default_factory=list)  # drafted nodes verified per step
     step_s: list[float] | None = field(default_factory=list)  # wall time per step
-    verify_s: list[float] | None = field(default_factory=list)  # target verify forward per step
+    # the step breakdown, per step (None when switched off, and for engines outside the loop):
+    draft_s: list[float] | None = None  # drafter.propose (+ pruning to the budget)
+    verify_s: list[float] | None = None  # the target verify forward
+    accept_s: list[float] | None = None  # acceptance rule + KV-cache compaction
+    update_s: list[float] | None = None  # drafter.observe
 
 
 def synchronize(device: torch.device) -> None:
     """Wait for queued device work so wall-clock timings are honest."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def breakdown_enabled(setting: bool | str | None, device: torch.device) -> bool:
+    """Resolve ``step_breakdown`` (true | false | auto/None): auto is on unless syncs cost (CUDA)."""
+    if setting is None or setting == "auto":
+        return device.type != "cuda"
+    if isinstance(setting, bool):
+        return setting
+    raise ConfigError(f"step_breakdown must be true, false or auto; got {setting!r}")
+
+
+class PhaseClock:
+    """Per-step phase timer: at each phase end it syncs and reads the clock, or does nothing when off."""
+
+    def __init__(self, device: torch.device, enabled: bool):
+        self.device = device
+        self.laps: dict[str, list[float]] | None = {phase: [] for phase in PHASES} if enabled else None
+        self.last = 0.0
+
+    def start(self, now: float) -> None:
+        """Begin a step at ``now`` (the device is idle: the previous step ended synchronized)."""
+        self.last = now
+
+    def lap(self, phase: str) -> None:
+        """Close ``phase``: wait for its queued device work, then charge it the time since the last lap."""
+        if self.laps is None:
+            return
+        synchronize(self.device)
+        now = time.perf_counter()
+        self.laps[phase].append(now - self.last)
+        self.last = now
+
+    def record(self, gen: "Generation") -> None:
+        """Store the laps in ``gen``'s ``<phase>_s`` fields (left None when off)."""
+        for phase, laps in (self.laps or {}).items():
+            setattr(gen, f"{phase}_s", laps)
 
 
 def clip_emitted(tokens: list[int], eos_ids: frozenset[int], budget: int) -> tuple[list[int], str | None]:
@@ -51,12 +98,13 @@ class Decoder:
     """Runs the shared loop for one target model and one drafter."""
 
     def __init__(self, model, drafter: Drafter, eos_ids: frozenset[int], sampling: Sampling,
-                 accept_fn: AcceptFn = accept_match):
+                 accept_fn: AcceptFn = accept_match, step_breakdown: bool | str | None = "auto"):
         self.model = model
         self.drafter = drafter
         self.eos_ids = eos_ids
         self.sampling = sampling
         self.accept_fn = accept_fn
+        self.breakdown = breakdown_enabled(step_breakdown, model.device)
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int,
                  generator: torch.Generator | None = None) -> Generation:
@@ -75,20 +123,23 @@ class Decoder:
         gen = Generation([first], time.perf_counter() - start, 0, "eos")
         tokens = [*prompt_ids, first]
         _, stop = clip_emitted([first], self.eos_ids, max_new_tokens)
+        clock = PhaseClock(device, self.breakdown)
         while stop is None:
             remaining = max_new_tokens - len(gen.output_ids)
             step_start = time.perf_counter()
+            clock.start(step_start)
             ctx = DecodeContext(tokens, len(prompt_ids), remaining, gen.target_forwards, generator)
-            emitted, drafted, verify_s = self._step(ctx, cache)
+            emitted, drafted = self._step(ctx, cache, clock)
+            clock.lap("update")  # drafter.observe, and freeing the step's trees and logits on return
             emitted, stop = clip_emitted(emitted, self.eos_ids, remaining)
             tokens.extend(emitted)
             gen.output_ids.extend(emitted)
             gen.target_forwards += 1
             gen.accept_lengths.append(len(emitted))
             gen.draft_tokens.append(drafted)
-            gen.verify_s.append(verify_s)
-            synchronize(device)
+            synchronize(device)  # the step's timing boundary
             gen.step_s.append(time.perf_counter() - step_start)
+        clock.record(gen)
         gen.stop_reason = stop
         return gen
 
@@ -96,24 +147,21 @@ class Decoder:
         """The drafter's internals after the latest generation."""
         return self.drafter.stats()
 
-    def _step(self, ctx: DecodeContext, cache) -> tuple[list[int], int, float]:
-        """One propose -> verify -> accept -> compact -> observe.
+    def _step(self, ctx: DecodeContext, cache, clock: PhaseClock) -> tuple[list[int], int]:
+        """One propose -> verify -> accept -> compact -> observe; returns (emitted tokens, drafted nodes).
 
-        Returns (emitted tokens, drafted nodes, seconds in the target verify forward); the rest of
-        the step's time is the method's overhead (drafting, acceptance, bookkeeping).
+        ``clock`` laps draft, verify and accept; the caller laps update once the step's locals are freed.
         """
         tree = self.drafter.propose(ctx)
         if tree.tokens[0] != ctx.root:
             raise RuntimeError(f"{type(self.drafter).__name__} proposed a tree whose root is not the last token")
         tree = tree.pruned(ctx.remaining - 1)  # deeper nodes could never be emitted
         past_len = ctx.position
-        device = self.model.device
-        synchronize(device)
-        verify_start = time.perf_counter()
+        clock.lap("draft")
         verified = forward_tree(self.model, cache, tree, self.drafter.wants_hidden)
-        synchronize(device)
-        verify_s = time.perf_counter() - verify_start
+        clock.lap("verify")
         accepted = self.accept_fn(tree, verified.logits, self.sampling, ctx.generator)
         compact_cache(cache, past_len, accepted.path)
+        clock.lap("accept")
         self.drafter.observe(ctx, tree, verified, accepted)
-        return accepted.emitted(tree), tree.num_drafted, verify_s
+        return accepted.emitted(tree), tree.num_drafted

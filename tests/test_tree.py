@@ -1,5 +1,7 @@
 """DraftTree structure and its flattening into one forward (positions, 4-D mask)."""
 
+import random
+
 import pytest
 import torch
 
@@ -39,9 +41,33 @@ def test_pruned_keeps_shallow_nodes_and_remaps_parents():
 
 
 def test_ancestor_mask():
-    mask = ancestor_mask([-1, 0, 0, 2])
+    mask = ancestor_mask(torch.tensor([-1, 0, 0, 2]))
     expected = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
     assert torch.equal(mask, expected)
+
+
+def ancestors_by_walking(tree: DraftTree) -> torch.Tensor:
+    """The ancestor mask by walking each node's path to the root (the definition, node by node)."""
+    mask = torch.zeros(len(tree), len(tree), dtype=torch.bool)
+    for node in range(len(tree)):
+        mask[node, tree.path_to(node)] = True
+    return mask
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_vectorized_mask_and_positions_match_the_path_definition(seed):
+    """Pointer doubling gives every node exactly its root path, and positions = past + depth."""
+    rng = random.Random(seed)
+    n = rng.randrange(1, 130)
+    chain_bias = rng.random()  # from bushy (0) to deep chains (1)
+    parents = [-1] + [i - 1 if rng.random() < chain_bias else rng.randrange(i) for i in range(1, n)]
+    tree = DraftTree(list(range(n)), parents)
+    assert torch.equal(ancestor_mask(torch.tensor(parents)), ancestors_by_walking(tree))
+    flat = flatten(tree, past_len=9, dtype=torch.float32, device=torch.device("cpu"))
+    assert flat.position_ids[0].tolist() == [9 + depth for depth in tree.depths]
+    if flat.attention_mask is not None:
+        allowed = flat.attention_mask[0, 0] == 0  # [n, 9 + n]
+        assert allowed[:, :9].all() and torch.equal(allowed[:, 9:], ancestors_by_walking(tree))
 
 
 def test_flatten_chain_uses_causal_fast_path():

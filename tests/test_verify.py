@@ -70,6 +70,28 @@ def test_compaction_equals_recomputation(tiny, kept):
     torch.testing.assert_close(after, sequential_logits(tiny, committed)[-1], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("reserve", [0, 9, 400])
+def test_reserved_cache_over_many_steps_equals_recomputation(tiny, reserve):
+    """Tree steps with compaction, whether the buffer grows (small reserve) or never moves (large)."""
+    rng = random.Random(reserve)
+    vocab = tiny.config.vocab_size
+    committed = [rng.randrange(vocab) for _ in range(7)]
+    with torch.inference_mode():
+        cache = new_cache(tiny, reserve)
+        prefill(tiny, cache, torch.tensor(committed[:-1]))
+        buffers = [layer.key_buffer.data_ptr() for layer in cache.layers]
+        for _ in range(12):
+            tree = random_tree(rng, committed[-1], rng.randrange(1, 16), vocab)
+            out = forward_tree(tiny, cache, tree)
+            torch.testing.assert_close(out.logits[0], sequential_logits(tiny, committed)[-1], atol=1e-4, rtol=1e-4)
+            path = tree.path_to(rng.randrange(len(tree)))
+            compact_cache(cache, len(committed) - 1, path)
+            committed += [tree.tokens[i] for i in path[1:]] + [rng.randrange(vocab)]
+            assert cache_length(cache) == len(committed) - 1
+        moved = [layer.key_buffer.data_ptr() for layer in cache.layers] != buffers
+    assert moved == (reserve < len(committed) + 16)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_tree_pass_half_precision_sanity(dtype):
     """Half precision: tree-pass logits stay close to sequential ones (the papers run fp16)."""

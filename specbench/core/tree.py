@@ -12,7 +12,8 @@ aux rows their own mask allows; tree rows never see aux rows; aux KV is always d
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -51,19 +52,23 @@ class DraftTree:
     parents: list[int]  # parents[0] == -1; parents[i] < i (topological order)
     draft_probs: torch.Tensor | None = None  # [num_nodes, vocab] q(.|node), for stochastic drafts
     aux: AuxBlock | None = None
-    depths: list[int] = field(init=False)
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.parents) or not self.tokens:
             raise ValueError("a DraftTree needs one parent per token and at least the root")
         if self.parents[0] != -1:
             raise ValueError("node 0 must be the root (parent -1)")
+        bad = next((i for i, parent in enumerate(self.parents[1:], start=1) if not 0 <= parent < i), None)
+        if bad is not None:
+            raise ValueError(f"node {bad} has parent {self.parents[bad]}: parents must precede children")
+
+    @cached_property
+    def depths(self) -> list[int]:
+        """Each node's depth (root 0); computed on first use, since the verify pass does not need it."""
         depths = [0]
-        for i, parent in enumerate(self.parents[1:], start=1):
-            if not 0 <= parent < i:
-                raise ValueError(f"node {i} has parent {parent}: parents must precede children")
+        for parent in self.parents[1:]:
             depths.append(depths[parent] + 1)
-        self.depths = depths
+        return depths
 
     @classmethod
     def root_only(cls, root: int) -> "DraftTree":
@@ -102,7 +107,7 @@ class DraftTree:
     @property
     def is_chain(self) -> bool:
         """True when every node's parent is the node before it (a causal mask suffices)."""
-        return all(parent == i - 1 for i, parent in enumerate(self.parents))
+        return self.parents == list(range(-1, len(self.parents) - 1))
 
     def children(self) -> list[list[int]]:
         """Child lists per node, in node order."""
@@ -118,6 +123,8 @@ class DraftTree:
 
     def pruned(self, max_depth: int) -> "DraftTree":
         """The subtree of nodes at depth <= max_depth (keeps order and aux; drops draft_probs rows)."""
+        if len(self.tokens) <= max_depth + 1:  # no node can be that deep
+            return self
         keep = [i for i, d in enumerate(self.depths) if d <= max_depth]
         if len(keep) == len(self.tokens):
             return self
@@ -136,36 +143,46 @@ class FlatPass:
     attention_mask: torch.Tensor | None  # [1, 1, q, past + q] additive float, None = plain causal
 
 
-def ancestor_mask(parents: list[int]) -> torch.Tensor:
-    """[n, n] bool: entry (i, j) is True when node j is node i or one of its ancestors."""
-    n = len(parents)
-    mask = torch.eye(n, dtype=torch.bool)
-    for i in range(1, n):
-        mask[i] |= mask[parents[i]]
-    return mask
+def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
+    """[n, n] bool from parents [n] (root's -1): (i, j) is True when node j is node i or its ancestor.
+
+    Pointer doubling on the device that holds ``parents``: after round k every row holds the ancestors
+    closer than 2^k, so ceil(log2 n) rounds of one row gather each suffice, with no loop over nodes
+    and no host sync. Hops past the root stay at the root, an ancestor of every node.
+    """
+    n = parents.numel()
+    allowed = torch.eye(n, dtype=torch.bool, device=parents.device)  # [n, n]
+    hop = parents.clamp(min=0)  # [n] the 2^k-th ancestor (clamped at the root)
+    for _ in range((n - 1).bit_length()):
+        allowed |= allowed[hop]  # add the ancestors of the 2^k-th ancestor
+        hop = hop[hop]
+    return allowed
 
 
 def flatten(tree: DraftTree, past_len: int, dtype: torch.dtype, device: torch.device) -> FlatPass:
     """Lay a tree (+ aux block) out as one forward: tokens, positions and the 4-D additive mask.
 
+    The host sends the tokens and parents (one small copy); the mask and the positions (past length
+    + depth = number of ancestors) are built on ``device``.
+
     NOTE: chains without aux rows get no mask at all, so the attention kernel takes its causal
     fast path (this is what makes AR and SpeDe steps cost what HF ``generate`` steps cost).
     """
-    n = len(tree)
-    tokens = torch.tensor(tree.tokens, dtype=torch.long)  # [n]
-    positions = past_len + torch.tensor(tree.depths, dtype=torch.long)  # [n]
-    aux = tree.aux
+    n, aux = len(tree), tree.aux
     if aux is None and tree.is_chain:
-        return FlatPass(tokens[None].to(device), positions[None].to(device), None)
+        tokens = torch.tensor(tree.tokens, dtype=torch.long, device=device)  # [n]
+        positions = torch.arange(past_len, past_len + n, device=device)  # [n]
+        return FlatPass(tokens[None], positions[None], None)
+    tokens, parents = torch.tensor([tree.tokens, tree.parents], dtype=torch.long, device=device)  # [n] each
     m = len(aux) if aux is not None else 0
-    allowed = torch.zeros(n + m, n + m, dtype=torch.bool)  # [q, q] over the new rows
-    allowed[:n, :n] = ancestor_mask(tree.parents)
+    allowed = torch.zeros(n + m, n + m, dtype=torch.bool, device=device)  # [q, q] over the new rows
+    allowed[:n, :n] = ancestor_mask(parents)
+    positions = past_len - 1 + allowed[:n, :n].sum(dim=-1)  # [n] past_len + depth
     if aux is not None:
-        tokens = torch.cat([tokens, aux.tokens.cpu()])
-        positions = torch.cat([positions, past_len + aux.pos_offsets.cpu()])
+        tokens = torch.cat([tokens, aux.tokens.to(device)])
+        positions = torch.cat([positions, past_len + aux.pos_offsets.to(device)])
         allowed[n:, 0] = True  # every aux row sees the root
-        allowed[n:, n:] = aux.mask.cpu()
-    new_block = torch.zeros(n + m, n + m, dtype=dtype)
-    new_block.masked_fill_(~allowed, torch.finfo(dtype).min)
-    mask = torch.cat([torch.zeros(n + m, past_len, dtype=dtype), new_block], dim=1)  # [q, past+q]
-    return FlatPass(tokens[None].to(device), positions[None].to(device), mask[None, None].to(device))
+        allowed[n:, n:] = aux.mask.to(device)
+    mask = torch.zeros(n + m, past_len + n + m, dtype=dtype, device=device)  # [q, past+q]
+    mask[:, past_len:].masked_fill_(~allowed, torch.finfo(dtype).min)
+    return FlatPass(tokens[None], positions[None], mask[None, None])

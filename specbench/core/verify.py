@@ -1,4 +1,10 @@
-"""The one verification primitive: a flattened tree in one target forward, and KV-cache compaction."""
+"""The one verification primitive: a flattened tree in one target forward, and KV-cache compaction.
+
+The KV cache is transformers' ``DynamicCache`` with its full-attention layers swapped for
+``ReservedLayer``: keys and values live in a buffer reserved for the whole generation, so a verify
+forward writes its rows in place instead of concatenating (reallocating and copying) every layer's
+cache every step, and compaction moves only the kept rows.
+"""
 
 from __future__ import annotations
 
@@ -21,13 +27,60 @@ class VerifyOutput:
     hidden: torch.Tensor | None  # [num_nodes, hidden] last hidden states, when asked for
 
 
-def new_cache(model) -> DynamicCache:
-    """An empty KV cache laid out for ``model``; only full-attention layers can be compacted row by row."""
+class ReservedLayer(DynamicLayer):
+    """A full-attention cache layer whose keys/values are views of a buffer reserved ahead.
+
+    ``keys``/``values`` stay views ``buffer[..., :length, :]``, so ``DynamicLayer``'s length, crop and
+    mask-size logic apply unchanged; ``update`` writes the new rows into the buffer, which grows
+    (doubling, one copy) only when a forward would overflow it.
+    """
+
+    def __init__(self, reserve: int = 0):
+        super().__init__()
+        self.reserve = reserve  # rows to allocate at the first update (0 = just what it needs)
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Empty views on buffers of ``reserve`` rows, laid out like the first states."""
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.key_buffer = key_states.new_empty(*key_states.shape[:-2], self.reserve, key_states.shape[-1])
+        self.value_buffer = value_states.new_empty(*value_states.shape[:-2], self.reserve, value_states.shape[-1])
+        self.keys, self.values = self.key_buffer[..., :0, :], self.value_buffer[..., :0, :]
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Write the new rows ([batch, heads, q, head_dim]) after the cached ones; return all rows (views)."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start = self.keys.shape[-2]
+        end = start + key_states.shape[-2]
+        if end > self.key_buffer.shape[-2]:
+            self._grow(max(end, 2 * self.key_buffer.shape[-2]))
+        self.key_buffer[..., start:end, :] = key_states
+        self.value_buffer[..., start:end, :] = value_states
+        self.keys, self.values = self.key_buffer[..., :end, :], self.value_buffer[..., :end, :]
+        return self.keys, self.values
+
+    def _grow(self, rows: int) -> None:
+        """Move the cached rows into buffers of ``rows`` rows (the only reallocation)."""
+        length = self.keys.shape[-2]
+        for name in ("key_buffer", "value_buffer"):
+            old = getattr(self, name)
+            new = old.new_empty(*old.shape[:-2], rows, old.shape[-1])
+            new[..., :length, :] = old[..., :length, :]
+            setattr(self, name, new)
+
+
+def new_cache(model, reserve: int = 0) -> DynamicCache:
+    """An empty KV cache for ``model`` with room for ``reserve`` positions per layer before it grows.
+
+    Only full-attention layers can be compacted row by row, so other layer kinds are refused.
+    """
     cache = DynamicCache(config=model.config)
     unsupported = {type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer}
     if unsupported:
         raise ConfigError(f"{model.config.model_type} uses cache layers {sorted(unsupported)} (sliding-window "
                           f"or recurrent); specbench's tree verifier needs full-attention KV caches")
+    cache.layers = [ReservedLayer(reserve) for _ in cache.layers]
     return cache
 
 
@@ -66,17 +119,18 @@ def compact_cache(cache: DynamicCache, past_len: int, kept_nodes: list[int]) -> 
     """Keep cache rows ``0..past_len-1`` plus the new rows of ``kept_nodes`` (node order), drop the rest.
 
     NOTE: when the kept rows are already contiguous from ``past_len`` (chains, AR) this is a plain
-    crop; otherwise one ``index_select`` per layer gathers them.
+    crop (new views); otherwise one ``index_select`` per layer gathers the few kept rows in place.
     """
     keep_len = past_len + len(kept_nodes)
     contiguous = kept_nodes == list(range(len(kept_nodes)))
-    index = None
-    if not contiguous:
-        index = torch.tensor(kept_nodes, dtype=torch.long)
+    rows = None if contiguous else torch.tensor(kept_nodes, dtype=torch.long) + past_len  # [kept]
+    rows_on: dict[torch.device, torch.Tensor] = {}  # one copy per device (layers may span GPUs)
     for layer in cache.layers:
-        if not contiguous:
-            idx = index.to(layer.keys.device) + past_len
-            layer.keys[..., past_len:keep_len, :] = layer.keys.index_select(-2, idx)
-            layer.values[..., past_len:keep_len, :] = layer.values.index_select(-2, idx)
+        if rows is not None:
+            if layer.keys.device not in rows_on:
+                rows_on[layer.keys.device] = rows.to(layer.keys.device)
+            index = rows_on[layer.keys.device]
+            layer.keys[..., past_len:keep_len, :] = layer.keys.index_select(-2, index)
+            layer.values[..., past_len:keep_len, :] = layer.values.index_select(-2, index)
         layer.keys = layer.keys[..., :keep_len, :]
         layer.values = layer.values[..., :keep_len, :]

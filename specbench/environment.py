@@ -71,15 +71,20 @@ def capture(device: torch.device, dtype: torch.dtype) -> dict:
 def reset_peak_memory(device: torch.device) -> None:
     """Start a new peak-memory window: CUDA's allocator peak, or the process's peak RSS on CPU."""
     if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+        for index in range(torch.cuda.device_count()):
+            torch.cuda.reset_peak_memory_stats(index)
     elif Path("/proc/self/clear_refs").exists():
         Path("/proc/self/clear_refs").write_text("5")  # Linux: resets VmHWM (the peak RSS) to the current RSS
 
 
 def peak_memory(device: torch.device) -> dict | None:
-    """Peak memory since ``reset_peak_memory``: {kind, bytes}, or None where it cannot be read."""
+    """Peak memory since ``reset_peak_memory``: {kind, bytes}, or None where it cannot be read.
+
+    On CUDA it is the sum of every visible GPU's allocator peak (a device-mapped model spans several).
+    """
     if device.type == "cuda":
-        return {"kind": "cuda_max_allocated", "bytes": int(torch.cuda.max_memory_allocated(device))}
+        peaks = [torch.cuda.max_memory_allocated(index) for index in range(torch.cuda.device_count())]
+        return {"kind": "cuda_max_allocated", "bytes": int(sum(peaks))}
     status = Path("/proc/self/status")
     if not status.exists():
         return None

@@ -45,10 +45,10 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("invalid run settings: " + "; ".join(problems))
 
 
-LOCATION_KEYS = ("data_dir", "corpus.files")
+LOCATION_KEYS = ("data_dir", "corpus.files", "model.device_map")
 """Keys (matched on their dotted path's end, at any depth) that say where this machine keeps local inputs
-(dataset copies, Self-Draft's corpus text), not what a sample's result is; left out of the digest so a
-clone elsewhere resumes the same runs."""
+(dataset copies, Self-Draft's corpus text) or places the model's layers, not what a sample's result is;
+left out of the digest so a clone elsewhere (or another GPU layout) resumes the same runs."""
 
 
 def without_locations(node, path: str = ""):
@@ -250,6 +250,7 @@ class Runner:
             "ended_at": None if status == "running" else self._now(),
             "metrics": aggregate(self.store.records),
             "peak_memory": self.peak_memory,
+            "device_map": self.lm.device_map if self.lm else None,
             "environment": self.environment,
             "config_digest": self.store.digest,
         }

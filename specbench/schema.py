@@ -72,7 +72,8 @@ SUMMARY_FIELDS: dict[str, str] = {
     "ended_at": "ISO time the latest writer stopped (null while running)",
     "metrics": "aggregates: see specbench.metrics.aggregate",
     "peak_memory": "{kind, bytes} over the timed samples of the latest writer: 'cuda_max_allocated' "
-                   "(torch's allocator peak) on GPU, 'process_peak_rss' (Linux VmHWM) on CPU; null if unreadable",
+                   "(torch's allocator peak, summed over the GPUs) on GPU, 'process_peak_rss' (Linux VmHWM) on CPU; null if unreadable",
+    "device_map": "module -> device where model.device_map placed the target (null: all on `device`)",
     "environment": "device, CPU, library versions, dtype, git commit and dirty flag",
     "config_digest": "sha256 of the result-determining config (see runner.config_digest)",
 }

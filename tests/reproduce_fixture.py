@@ -120,13 +120,16 @@ def turn_record(rng: np.random.Generator, seed: int, cfg: DictConfig, run_id: st
     drafted = [0 if pace["drafted"] == 0 else max(pace["drafted"], a - 1) for a in lengths]
     step_s = [round(AR_STEP_S * pace["overhead"] * float(rng.uniform(0.95, 1.05)), 6) for _ in lengths]
     verify_s = [round(s * float(rng.uniform(0.85, 0.97)), 6) for s in step_s]
+    outside = [step - verify for step, verify in zip(step_s, verify_s)]
+    phases = {f"{phase}_s": [round(share * o, 6) for o in outside]  # the step breakdown (CPU default)
+              for phase, share in (("draft", 0.5), ("accept", 0.3), ("update", 0.2))}
     stats = opt_tree_stats(rng, [a - 1 for a in lengths]) if cfg.method.name == "opt_tree" else {}
     return {"schema": SCHEMA_VERSION, "run_id": run_id, "sample_id": sample_id, "turn": turn, "n_turns": n_turns,
             "category": category, "fine_category": None, "prompt_tokens": prompt_tokens,
             "new_tokens": len(output), "output_ids": output,
             "output_text": " ".join(f"t{token}" for token in output), "wall_s": PREFILL_S + sum(step_s),
             "prefill_s": PREFILL_S, "target_forwards": len(lengths), "accept_lengths": lengths,
-            "draft_tokens": drafted, "step_s": step_s, "verify_s": verify_s,
+            "draft_tokens": drafted, "step_s": step_s, "verify_s": verify_s, **phases,
             "stop_reason": "max_new_tokens" if len(output) == cfg.max_new_tokens else "eos",
             "drafter_stats": stats}
 

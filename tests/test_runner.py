@@ -184,11 +184,13 @@ def test_local_weights_through_the_generic_hub_model(tmp_path):
 
 
 def test_digest_ignores_where_local_inputs_live():
-    """A clone on another machine (other data_dir / corpus path) resumes the same runs; a knob change does not."""
+    """A clone on another machine (other data_dir / corpus path / GPU layout) resumes the same runs; a knob change does not."""
     def digest(*overrides):
         cfg = compose_run(*TINY, "method=self_draft", *overrides)
         return config_digest(cfg, torch.device("cpu"), torch.float32)
 
     base = digest("data_dir=/a", "method.drafter.corpus.files=/a/corpus")
     assert digest("data_dir=/b", "method.drafter.corpus.files=/b/corpus") == base
+    assert digest("data_dir=/a", "method.drafter.corpus.files=/a/corpus", "model.device_map=auto",
+                  "step_breakdown=false") == base  # layer placement and timing detail, not results
     assert digest("data_dir=/a", "method.drafter.corpus.files=/a/corpus", "method.drafter.branch_len=4") != base

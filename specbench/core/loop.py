@@ -21,6 +21,9 @@ from specbench.drafters.base import DecodeContext, Drafter
 from specbench.errors import ConfigError
 from specbench.schema import PHASES
 
+TREE_ROWS = 128
+"""Cache rows reserved beyond prompt + budget for the last step's tree and aux rows (more grows once)."""
+
 AcceptFn = Callable[[DraftTree, torch.Tensor, Sampling, "torch.Generator | None"], Acceptance]
 
 
@@ -43,9 +46,10 @@ class Generation:
 
 
 def synchronize(device: torch.device) -> None:
-    """Wait for queued device work so wall-clock timings are honest."""
+    """Wait for queued device work so wall-clock timings are honest (every GPU: a device map spans several)."""
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        for index in range(torch.cuda.device_count()):
+            torch.cuda.synchronize(index)
 
 
 def breakdown_enabled(setting: bool | str | None, device: torch.device) -> bool:
@@ -115,7 +119,7 @@ class Decoder:
             raise ConfigError("cannot generate from an empty prompt (0 tokens)")
         device = self.model.device
         self.drafter.reset(list(prompt_ids))
-        cache = new_cache(self.model)
+        cache = new_cache(self.model, len(prompt_ids) + max_new_tokens + TREE_ROWS)
         synchronize(device)
         start = time.perf_counter()
         first = draw(prefill(self.model, cache, torch.tensor(prompt_ids)), self.sampling, generator)

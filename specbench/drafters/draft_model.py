@@ -74,7 +74,8 @@ def load_draft(cfg, target_name: str, target, tokenizer) -> LoadedDraft:
         model, draft_tokenizer = load_pretrained(location, target.dtype, cfg.get("revision") if path else None)
     elif source == "tiny":
         tiny = dict(cfg.tiny)
-        model, draft_tokenizer = build_tiny_llama(vocab_width(target), **tiny), None
+        model = build_tiny_llama(vocab_width(target), device=target.device, dtype=target.dtype, **tiny)
+        draft_tokenizer = None
         location = f"tiny-random-llama(seed={tiny.get('seed')})"
     else:
         raise ConfigError(f"this method needs a draft model but model {target_name} names none: set "

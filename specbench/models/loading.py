@@ -6,12 +6,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
 from specbench.errors import ConfigError, ModelUnavailable
 from specbench.hub import hub_reachable
 from specbench.models.embedded import embedded_checkpoint
 
 SOURCES = ("hub", "embedded", "tiny")
+DEVICE_MAP_MODES = ("auto", "balanced", "balanced_low_0", "sequential")
+"""The named ``device_map`` plans accelerate (and transformers' ``from_pretrained``) accept."""
 
 
 @dataclass
@@ -24,6 +27,7 @@ class LoadedModel:
     path: str  # Hub id or local directory the weights came from
     eos_ids: frozenset[int]
     context_length: int
+    device_map: dict[str, object] | None = None  # module -> device when model.device_map placed it, else None
 
 
 def resolve_device(device: str) -> torch.device:
@@ -72,13 +76,20 @@ def load_pretrained(path: str, dtype: torch.dtype, revision: str | None = None) 
     return model.eval(), tokenizer
 
 
-def build_tiny_llama(vocab_size: int, seed: int, **arch) -> torch.nn.Module:
-    """A small random Llama built from a config in code (unit tests, smoke runs)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def build_tiny_llama(vocab_size: int, seed: int, device: torch.device | str = "cpu",
+                     dtype: torch.dtype = torch.float32, **arch) -> torch.nn.Module:
+    """A random Llama built from a config in code, allocated and seeded directly on ``device`` in ``dtype``.
+
+    NOTE: building in place (no fp32 CPU copy first) makes a 7B-shaped model take seconds on a GPU;
+    the seeded init is deterministic for a given device and dtype, and matches the former
+    build-then-cast for the default cpu/float32.
+    """
+    from transformers import AutoModelForCausalLM, LlamaConfig
 
     config = LlamaConfig(vocab_size=vocab_size, tie_word_embeddings=False, **arch)
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
+    torch.manual_seed(seed)  # seeds the CPU and every CUDA generator
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.generation_config.eos_token_id = None
     return model.eval()
 
@@ -109,21 +120,85 @@ def load_tokenizer(cfg):
     return tokenizer
 
 
-def load_model(cfg, device: torch.device, dtype: torch.dtype) -> LoadedModel:
-    """Instantiate the model described by a ``conf/model/*.yaml`` node on ``device`` in ``dtype``."""
+def device_map_setting(cfg) -> str | dict | None:
+    """``model.device_map`` as accelerate takes it: None (one device), a named plan, or a module -> device dict."""
+    device_map = cfg.get("device_map")
+    if device_map is None or isinstance(device_map, str) and device_map in DEVICE_MAP_MODES:
+        return device_map
+    if OmegaConf.is_dict(device_map):
+        return OmegaConf.to_container(device_map)
+    raise ConfigError(f"model.device_map must be null (load on `device`), one of {', '.join(DEVICE_MAP_MODES)}, "
+                      f"or a dict module -> device like {{model:0,lm_head:1}}; got {device_map!r}")
+
+
+def planned_device_map(model: torch.nn.Module, mode: str, dtype: torch.dtype) -> dict:
+    """accelerate's module -> device plan for ``mode``, never splitting a decoder layer across devices."""
+    from accelerate import infer_auto_device_map
+    from accelerate.utils import get_balanced_memory, get_max_memory
+
+    no_split = model._no_split_modules
+    memory = (get_max_memory() if mode == "sequential" else
+              get_balanced_memory(model, no_split_module_classes=no_split, dtype=dtype,
+                                  low_zero=mode == "balanced_low_0"))
+    return infer_auto_device_map(model, max_memory=memory, no_split_module_classes=no_split, dtype=dtype)
+
+
+def dispatch(model: torch.nn.Module, device_map: str | dict, dtype: torch.dtype) -> torch.nn.Module:
+    """Spread a built model over devices with accelerate (a named plan is inferred first, a dict used as given)."""
+    from accelerate import dispatch_model
+
+    plan = planned_device_map(model, device_map, dtype) if isinstance(device_map, str) else device_map
+    try:
+        return dispatch_model(model, device_map=plan)
+    except ValueError as exc:  # e.g. a dict that leaves some parameters without a device
+        raise ConfigError(f"model.device_map {plan!r} cannot be applied: {exc}") from None
+
+
+def tiny_target(cfg, tokenizer, device: torch.device, dtype: torch.dtype, device_map) -> torch.nn.Module:
+    """The tiny random target: built in place on ``device``, or on the CPU and then dispatched."""
+    # NOTE: with a device map the model is built on the CPU (the one place every module fits before the
+    # plan exists; slower than a GPU build) and dispatch then moves each module to its device
+    build_on = device if device_map is None else torch.device("cpu")
+    model = build_tiny_llama(len(tokenizer), device=build_on, dtype=dtype, **cfg.tiny)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model if device_map is None else dispatch(model, device_map, dtype)
+
+
+def pretrained_target(cfg, device: torch.device, dtype: torch.dtype, device_map) -> torch.nn.Module:
+    """A Hub / local / embedded target: loaded onto ``device``, or placed by ``from_pretrained(device_map=)``."""
     from transformers import AutoModelForCausalLM
+
+    placed = {} if device_map is None else {"device_map": device_map}
+    model = _from_pretrained(AutoModelForCausalLM, checkpoint_path(cfg), revision=cfg.get("revision"), dtype=dtype,
+                             attn_implementation=cfg.get("attn_implementation"), **placed)
+    return model if device_map is not None else model.to(device=device, dtype=dtype)
+
+
+def placement(model: torch.nn.Module, device_map) -> dict | None:
+    """Where a device map put the model, module -> device (None without one), for what the run reports.
+
+    NOTE: accelerate records ``hf_device_map`` whenever it dispatches, but ``from_pretrained`` only when
+    the map spans several devices; a one-device map is reported as ``{"": device}``.
+    """
+    if device_map is None:
+        return None
+    return getattr(model, "hf_device_map", None) or {"": str(model.device)}
+
+
+def load_model(cfg, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    """Instantiate the model described by a ``conf/model/*.yaml`` node on ``device`` (or its device map) in ``dtype``."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # per-tensor "Loading weights" bars would drown the run's own bar
+    device_map = device_map_setting(cfg)
     tokenizer = load_tokenizer(cfg)
     if cfg.source == "tiny":
-        model = build_tiny_llama(len(tokenizer), **cfg.tiny)
-        model.generation_config.eos_token_id = tokenizer.eos_token_id
+        model = tiny_target(cfg, tokenizer, device, dtype, device_map)
         path = f"tiny-random-llama(seed={cfg.tiny.seed})"
     else:
+        model = pretrained_target(cfg, device, dtype, device_map)
         path = checkpoint_path(cfg)
-        model = _from_pretrained(AutoModelForCausalLM, path, revision=cfg.get("revision"), dtype=dtype,
-                                 attn_implementation=cfg.get("attn_implementation"))
-    model = model.to(device=device, dtype=dtype).eval()
+    model.eval()
     context = cfg.get("context_length") or getattr(model.config, "max_position_embeddings", None)
-    return LoadedModel(model, tokenizer, cfg.name, path, eos_token_ids(model, tokenizer), int(context))
+    return LoadedModel(model, tokenizer, cfg.name, path, eos_token_ids(model, tokenizer), int(context),
+                       placement(model, device_map))

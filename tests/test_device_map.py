@@ -90,9 +90,10 @@ def test_llama2_7b_random_has_llama2_7b_shape():
 
 
 def test_gpu_suite_composes_every_method():
-    """conf/bench/gpu_all_methods.yaml: ten methods on the 7B-shaped model, float16 on CUDA, Self-Draft w/o corpus."""
-    suite = bench.load_suite("gpu_all_methods")
-    configs = bench.entry_configs(suite, bench.expand_entries(suite), bench.parse_args(["gpu_all_methods"]))
+    """conf/bench/all_methods.yaml as gpu_check.sh runs it: ten methods, 7B shape, float16 on CUDA, Self-Draft w/o corpus."""
+    suite = bench.load_suite("all_methods")
+    args = bench.parse_args(["all_methods", "model=llama2_7b_random", "--device", "cuda", "--dtype", "float16"])
+    configs = bench.entry_configs(suite, bench.expand_entries(suite), args)
     assert list(configs) == GPU_METHODS
     assert all(cfg.method.name == label for label, cfg in configs.items())
     first = configs["ar"]

@@ -38,7 +38,7 @@ SAMPLE_FIELDS: dict[str, str] = {
     "draft_tokens": "drafted nodes verified per step, root excluded (null for hf_generate)",
     "step_s": "wall time per step, device synchronized at its end (null for hf_generate)",
     "draft_s": "step breakdown (null unless step_breakdown is on; auto = on for CPU): time per step in "
-               "drafter.propose",
+               "drafter.propose and in laying the tree out for the forward (tokens, positions, mask)",
     "verify_s": "step breakdown: time per step in the target verify forward; step_s - verify_s is the "
                 "method's overhead (drafting, acceptance, cache bookkeeping). Always present in "
                 "specbench.samples/1 records (then null only for hf_generate)",

@@ -16,7 +16,7 @@ import torch
 
 from specbench.core.acceptance import Acceptance, Sampling, accept_match, draw
 from specbench.core.tree import DraftTree
-from specbench.core.verify import compact_cache, forward_tree, new_cache, prefill
+from specbench.core.verify import compact_cache, forward_tree, lay_out, new_cache, prefill
 from specbench.drafters.base import DecodeContext, Drafter
 from specbench.errors import ConfigError
 from specbench.schema import PHASES
@@ -39,10 +39,10 @@ class Generation:
     draft_tokens: list[int] | None = field(default_factory=list)  # drafted nodes verified per step
     step_s: list[float] | None = field(default_factory=list)  # wall time per step
     # the step breakdown, per step (None when switched off, and for engines outside the loop):
-    draft_s: list[float] | None = None  # drafter.propose (+ pruning to the budget)
+    draft_s: list[float] | None = None  # drafter.propose, pruning to the budget, laying the tree out
     verify_s: list[float] | None = None  # the target verify forward
     accept_s: list[float] | None = None  # acceptance rule + KV-cache compaction
-    update_s: list[float] | None = None  # drafter.observe
+    update_s: list[float] | None = None  # drafter.observe, freeing the step's trees and logits
 
 
 def synchronize(device: torch.device) -> None:
@@ -161,8 +161,9 @@ class Decoder:
             raise RuntimeError(f"{type(self.drafter).__name__} proposed a tree whose root is not the last token")
         tree = tree.pruned(ctx.remaining - 1)  # deeper nodes could never be emitted
         past_len = ctx.position
+        flat = lay_out(self.model, cache, tree)
         clock.lap("draft")
-        verified = forward_tree(self.model, cache, tree, self.drafter.wants_hidden)
+        verified = forward_tree(self.model, cache, tree, self.drafter.wants_hidden, flat)
         clock.lap("verify")
         accepted = self.accept_fn(tree, verified.logits, self.sampling, ctx.generator)
         compact_cache(cache, past_len, accepted.path)

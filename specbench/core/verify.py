@@ -14,7 +14,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from specbench.core.tree import DraftTree, flatten
+from specbench.core.tree import DraftTree, FlatPass, flatten
 from specbench.errors import ConfigError
 
 
@@ -89,10 +89,19 @@ def cache_length(cache: DynamicCache) -> int:
     return cache.get_seq_length()
 
 
-def forward_tree(model, cache: DynamicCache, tree: DraftTree, want_hidden: bool = False) -> VerifyOutput:
-    """Run ONE target forward over ``tree`` (+ aux rows) on top of ``cache``; the cache grows by all rows."""
-    past_len = cache_length(cache)
-    flat = flatten(tree, past_len, model.dtype, model.device)
+def lay_out(model, cache: DynamicCache, tree: DraftTree) -> FlatPass:
+    """``tree``'s forward inputs (tokens, positions, mask) on the model's device, after the cached rows."""
+    return flatten(tree, cache_length(cache), model.dtype, model.device)
+
+
+def forward_tree(model, cache: DynamicCache, tree: DraftTree, want_hidden: bool = False,
+                 flat: FlatPass | None = None) -> VerifyOutput:
+    """Run ONE target forward over ``tree`` (+ aux rows) on top of ``cache``; the cache grows by all rows.
+
+    ``flat`` is the tree already laid out by ``lay_out`` (the loop times the layout apart from the forward).
+    """
+    if flat is None:
+        flat = lay_out(model, cache, tree)
     out = model(
         input_ids=flat.input_ids,
         position_ids=flat.position_ids,

@@ -6,7 +6,7 @@ SHARED ?= $(abspath ../shared)
 export SPECBENCH_DATA_DIR ?= $(SHARED)/datasets
 export SPECBENCH_CORPUS_DIR ?= $(SHARED)/corpus/sotu_1946_2026
 
-.PHONY: install demo test bench-ar bench-model-free bench-draft bench-medusa train-draft train-medusa profile report \
+.PHONY: install demo test bench-ar bench-model-free bench-draft bench-medusa bench-all train-draft train-medusa profile report \
 	reproduce-tables reproduce-run reproduce-build clean
 
 SCALE ?= smoke
@@ -43,6 +43,9 @@ train-draft: install  ## distill the embedded model's draft once (cached in $SPE
 
 train-medusa: install  ## train the embedded model's Medusa heads once (cached in $SPECBENCH_CACHE)
 	$(PY) -m specbench.train medusa model=smollm2_135m
+
+bench-all: install train-draft train-medusa  ## every method in one process: step time, time outside the forward, step breakdown
+	$(PY) -m specbench.bench all_methods
 
 bench-ar: install  ## specbench AR vs HF generate greedy throughput on the same prompts, one process
 	$(PY) -m specbench.bench ar_vs_hf

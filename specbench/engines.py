@@ -88,7 +88,7 @@ def hf_assistant(assistant_cfg, lm: LoadedModel) -> dict:
     return kwargs
 
 
-def build_engine(method_cfg, lm: LoadedModel, sampling: Sampling, step_breakdown: bool | str | None = "auto"):
+def build_engine(method_cfg, lm: LoadedModel, sampling: Sampling, step_breakdown: bool | str = "auto"):
     """The object whose ``generate(prompt_ids, max_new_tokens, generator)`` the runner times.
 
     ``step_breakdown`` switches the loop's per-phase timing (see ``specbench.core.loop``).

@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from specbench import environment
 from specbench.core.acceptance import Sampling, sampling_problems
-from specbench.core.loop import Generation, synchronize
+from specbench.core.loop import STEP_BREAKDOWN_SETTINGS, Generation, synchronize
 from specbench.data.base import Dataset, Sample, build_dataset
 from specbench.engines import build_engine
 from specbench.errors import ConfigError
@@ -39,7 +39,7 @@ def validate(cfg: DictConfig) -> None:
     if cfg.warmup < 0:
         problems.append(f"warmup must be >= 0 (got {cfg.warmup})")
     problems += sampling_problems(cfg.temperature, cfg.top_p)
-    if cfg.step_breakdown not in (True, False, "auto"):
+    if cfg.step_breakdown not in STEP_BREAKDOWN_SETTINGS:
         problems.append(f"step_breakdown must be true, false or auto (got {cfg.step_breakdown!r})")
     if problems:
         raise ConfigError("invalid run settings: " + "; ".join(problems))

@@ -21,6 +21,9 @@ from specbench.drafters.base import DecodeContext, Drafter
 from specbench.errors import ConfigError
 from specbench.schema import PHASES
 
+STEP_BREAKDOWN_SETTINGS = (True, False, "auto")
+"""The values of the ``step_breakdown`` run knob."""
+
 TREE_ROWS = 128
 """Cache rows reserved beyond prompt + budget for the last step's tree and aux rows (more grows once)."""
 
@@ -52,13 +55,11 @@ def synchronize(device: torch.device) -> None:
             torch.cuda.synchronize(index)
 
 
-def breakdown_enabled(setting: bool | str | None, device: torch.device) -> bool:
-    """Resolve ``step_breakdown`` (true | false | auto/None): auto is on unless syncs cost (CUDA)."""
-    if setting is None or setting == "auto":
-        return device.type != "cuda"
-    if isinstance(setting, bool):
-        return setting
-    raise ConfigError(f"step_breakdown must be true, false or auto; got {setting!r}")
+def breakdown_enabled(setting: bool | str, device: torch.device) -> bool:
+    """Resolve ``step_breakdown`` (true | false | auto): auto is on unless syncs cost (CUDA)."""
+    if setting not in STEP_BREAKDOWN_SETTINGS:
+        raise ConfigError(f"step_breakdown must be true, false or auto; got {setting!r}")
+    return device.type != "cuda" if setting == "auto" else setting
 
 
 class PhaseClock:
@@ -102,7 +103,7 @@ class Decoder:
     """Runs the shared loop for one target model and one drafter."""
 
     def __init__(self, model, drafter: Drafter, eos_ids: frozenset[int], sampling: Sampling,
-                 accept_fn: AcceptFn = accept_match, step_breakdown: bool | str | None = "auto"):
+                 accept_fn: AcceptFn = accept_match, step_breakdown: bool | str = "auto"):
         self.model = model
         self.drafter = drafter
         self.eos_ids = eos_ids

@@ -6,8 +6,8 @@ SHARED ?= $(abspath ../shared)
 export SPECBENCH_DATA_DIR ?= $(SHARED)/datasets
 export SPECBENCH_CORPUS_DIR ?= $(SHARED)/corpus/sotu_1946_2026
 
-.PHONY: install demo test bench-ar bench-model-free bench-draft bench-medusa bench-all train-draft train-medusa profile report \
-	reproduce-tables reproduce-run reproduce-build clean
+.PHONY: install demo test lint bench-ar bench-model-free bench-draft bench-medusa bench-all train-draft train-medusa profile report \
+	reproduce-tables reproduce-run reproduce-build parity parity-lade parity-venv-lade clean
 
 SCALE ?= smoke
 REPRODUCE_ARGS ?=    # e.g. --results-root results/experiments/mine, --only r3_tables, device=cuda
@@ -26,6 +26,11 @@ demo: install  ## the main job on the embedded default (AR x SmolLM2-135M x Huma
 
 test: install  ## the whole test suite
 	$(PY) -m pytest -q
+
+lint: install  ## ruff (lint + format check) and mypy over the package, as CI runs them
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
 
 bench-model-free: install  ## AR, HF prompt lookup, PLD, ANPD, Lookahead, LADE, Self-Draft: one process, same prompts
 	$(PY) -m specbench.bench model_free
@@ -69,5 +74,24 @@ reproduce-run: $(REPRODUCE_DEPS)  ## only run the SCALE's experiments (Hydra mul
 reproduce-build: install  ## only rebuild the SCALE's tables and figures from the stored runs
 	$(PY) -m specbench.reproduce build --scale $(SCALE) $(REPRODUCE_ARGS)
 
+# Parity with the official code (not part of `make test`): the official package runs in its own virtual
+# env (.venv-parity-<method>) with the transformers it was written for, on the same token prompts.
+# PARITY_ARGS: e.g. --settings 15,5,15 --datasets humaneval=3 --seeds 0 1 (python -m specbench.parity lade --help)
+PARITY_ARGS ?=
+LADE_PARITY_PINS ?= lade==0.0.2 transformers==4.34.0
+
+.venv-parity-lade/.installed:
+	test -x .venv-parity-lade/bin/python || python3 -m venv .venv-parity-lade
+	.venv-parity-lade/bin/python -c "import torch" 2>/dev/null || .venv-parity-lade/bin/python -m pip install -q $(TORCH_SPEC)
+	.venv-parity-lade/bin/python -m pip install -q $(LADE_PARITY_PINS)
+	touch $@
+
+parity-venv-lade: .venv-parity-lade/.installed  ## the official LADE package in its side virtual env
+
+parity-lade: install parity-venv-lade  ## official LADE vs specbench LADE -> results/parity/lade.md (about 1.5 h on 2 cores)
+	$(PY) -m specbench.parity lade $(PARITY_ARGS)
+
+parity: parity-lade  ## every method whose official code installs here (LADE); see docs/reproduction.md
+
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .venv-parity-* .pytest_cache

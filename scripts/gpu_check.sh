@@ -6,12 +6,12 @@
 #
 # Writes DIR/environment.txt (nvidia-smi, torch/CUDA/transformers versions), DIR/profile/ (one-forward
 # latency of the model by new tokens per pass, contexts 256 and 1024) with DIR/profile.log, and
-# DIR/all_methods/*.json (conf/bench/all_methods.yaml: every method, on the random Llama-2-7B-shaped
-# model in float16) with DIR/bench.log. The profile runs first: it takes about a minute and shows at once
+# DIR/all_methods/<session>/ (conf/bench/all_methods.yaml: every method, on the random Llama-2-7B-shaped
+# model in float16; one run folder per method, read by python -m specbench.report) with DIR/bench.log. The profile runs first: it takes about a minute and shows at once
 # that the 7B model builds and runs, and its numbers survive if the longer bench is cut off.
 #
 # Time on an H100 (a 7B float16 forward is ~20-30 ms at batch 1): two start-ups (imports, tokenizer,
-# 7B built in place on the GPU) ~1 min; profile ~2 x 8 x 2 cells x 7 forwards ~0.5 min; bench 10 methods
+# 7B built in place on the GPU) ~1 min; profile ~2 x 8 x 2 cells x 7 forwards ~0.5 min; bench 11 methods
 # x (GPU_CHECK_LIMIT=6 prompts + 1 warm-up) x 128 tokens at <= ~40 ms per token for the slower drafters
 # (draft-model trees) ~5 min. About 6.5 min in all (an estimate, not yet measured), inside a 10-minute
 # call; 10 prompts would take ~8.5 min, too close to the limit.

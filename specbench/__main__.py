@@ -7,10 +7,11 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+from specbench.config import CONF_DIR
 from specbench.errors import UserError
 
 
-@hydra.main(config_path="../conf", config_name="config", version_base=None)
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
 def main(cfg: DictConfig) -> None:
     """Run the configured benchmark and print its results table."""
     from specbench.report import format_table, table
@@ -22,8 +23,10 @@ def main(cfg: DictConfig) -> None:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
-        print(f"\ninterrupted: finished samples are saved in {cfg.output_dir}; rerun the same "
-              f"command to resume", file=sys.stderr)
+        print(
+            f"\ninterrupted: finished samples are saved in {cfg.output_dir}; rerun the same command to resume",
+            file=sys.stderr,
+        )
         sys.exit(130)
     print(f"\nresults: {out_dir}")
     print(format_table(table([out_dir])))

@@ -3,15 +3,19 @@
     python -m specbench.bench SUITE [--limit N] [--max-new-tokens N] [--rounds R] [--device D]
                                     [--dtype T] [--out DIR] [OVERRIDE ...]
     python -m specbench.bench --list
+    python -m specbench.bench --convert OLD.json [--out DIR]
 
 A suite (``conf/bench/<SUITE>.yaml``) names a model, a dataset and entries: a label plus the Hydra
 overrides of one method (``grid`` entries expand into one entry per combination, for sweeps). The
 model is loaded once; every prompt runs through every entry, in an order that rotates from prompt
 to prompt so drift in machine speed hits all entries alike. Each round builds fresh engines (after
 an untimed warm-up on a throwaway engine), so drafters that learn across requests never see a
-prompt twice. Prints per entry: tokens per step, tokens/s, speedup and step-latency overhead vs
-the baseline entry, exact-match rate vs the baseline's outputs, and the share of step time spent
-outside the target forward; writes everything (environment included) to a new JSON file.
+prompt twice.
+
+Nothing is measured here: each entry and round is an ordinary run folder written by the runner
+(``<out>/<SUITE>/<session>/<entry>/r<round>/``, the summary naming the suite, session, entry and
+baseline), and the printed table is the report's ``steps`` view of the session
+(``python -m specbench.report SESSION --merge-repeats --view steps`` prints it again).
 """
 
 from __future__ import annotations
@@ -19,8 +23,8 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import re
 import sys
-import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,27 +33,19 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from specbench import report
 from specbench.config import CONF_DIR, compose_config
-from specbench.core.acceptance import Sampling
-from specbench.core.loop import synchronize
-from specbench.data.base import build_dataset
-from specbench.engines import build_engine
-from specbench.environment import PROJECT_ROOT, capture, dtype_name
+from specbench.environment import capture, dtype_name
 from specbench.errors import ConfigError, UserError
+from specbench.files import write_atomic
 from specbench.metrics import aggregate
 from specbench.models.loading import LoadedModel, load_model, resolve_device, resolve_dtype
-from specbench.runner import sample_generator
-from specbench.schema import PHASES
+from specbench.paths import workspace
+from specbench.runner import Runner
+from specbench.schema import PHASES, SAMPLE_FIELDS, SCHEMA_VERSION, SUMMARY_VERSION
 
 SUITES_DIR = CONF_DIR / "bench"
-RESULTS_DIR = PROJECT_ROOT / "results" / "bench"
-COLUMNS = [("label", "entry", "{}"), ("lossless", "lossless", "{}"), ("tokens_per_step", "tok/step", "{:.2f}"),
-           ("throughput_total", "tok/s", "{:.2f}"), ("speedup", "speedup", "{:.3f}"),
-           ("overhead", "overhead", "{:.2f}"), ("exact_match_rate", "exact", "{:.2f}"),
-           ("step_latency_s", "step_ms", "{:.1f}"), ("outside_forward_s", "outside_ms", "{:.2f}"),
-           ("outside_forward_share", "outside_fwd", "{:.1%}"), ("draft_share", "draft", "{:.1%}"),
-           ("accept_share", "accept", "{:.1%}"), ("update_share", "update", "{:.1%}")]
-MILLISECONDS = ("step_latency_s", "outside_forward_s")
+RESULTS_DIR = workspace() / "results" / "bench"
 
 
 @dataclass(frozen=True)
@@ -87,115 +83,97 @@ def expand_entries(suite: DictConfig) -> list[Entry]:
     labels = [entry.label for entry in entries]
     duplicates = sorted({label for label in labels if labels.count(label) > 1})
     if duplicates:
-        raise ConfigError(f"benchmark suite has duplicate entry labels {duplicates}; give grid "
-                          f"entries a label with {{placeholders}} for the swept keys")
+        raise ConfigError(
+            f"benchmark suite has duplicate entry labels {duplicates}; give grid "
+            f"entries a label with {{placeholders}} for the swept keys"
+        )
+    folders = [entry_folder(label) for label in labels]
+    clashes = sorted({label for label, folder in zip(labels, folders) if folders.count(folder) > 1})
+    if clashes:
+        raise ConfigError(
+            f"benchmark entry labels {clashes} map to the same folder name; make them differ in letters or digits"
+        )
     return entries
 
 
+def entry_folder(label: str) -> str:
+    """A folder name for an entry label: runs of characters other than letters, digits, ``.=-`` become ``_``."""
+    return re.sub(r"[^A-Za-z0-9.=-]+", "_", label).strip("_") or "entry"
+
+
 def entry_configs(suite: DictConfig, entries: list[Entry], args: argparse.Namespace) -> dict[str, DictConfig]:
-    """The composed run config of every entry; all must share the model, device and dtype."""
-    common = [f"model={suite.model}", f"dataset={suite.dataset}", *(suite.get("overrides") or ()),
-              *args.overrides]
+    """The composed run config of every entry; all must share the model, device, dtype and dataset."""
+    common = [f"model={suite.model}", f"dataset={suite.dataset}", *(suite.get("overrides") or ()), *args.overrides]
     for key in ("max_new_tokens", "device", "dtype"):
         if getattr(args, key) is not None:
             common.append(f"{key}={getattr(args, key)}")
+    limit = args.limit or suite.get("limit")
+    if limit is not None:
+        common.append(f"limit={limit}")
     configs = {entry.label: compose_config(*common, *entry.overrides) for entry in entries}
-    models = {OmegaConf.to_yaml(cfg.model) for cfg in configs.values()}
-    if len(models) > 1:
-        raise ConfigError("benchmark entries must not change the model (one model is loaded per suite)")
+    for part in ("model", "dataset"):
+        if len({OmegaConf.to_yaml(cfg[part]) for cfg in configs.values()}) > 1:
+            raise ConfigError(
+                f"benchmark entries must not change the {part} (one {part} per suite: every "
+                f"entry runs the same prompts on one loaded model)"
+            )
     return configs
 
 
-def timed_generation(engine, prompt_ids: list[int], cfg: DictConfig, sample_id: str,
-                     device: torch.device) -> dict:
-    """One generation as a record with the runner's timing fields, plus its output ids."""
-    generator = sample_generator(cfg.seed, sample_id)
-    with torch.inference_mode():
-        synchronize(device)
-        start = time.perf_counter()
-        gen = engine.generate(prompt_ids, cfg.max_new_tokens, generator)
-        synchronize(device)
-    wall = time.perf_counter() - start
-    return {"new_tokens": len(gen.output_ids), "wall_s": wall, "prefill_s": gen.prefill_s,
-            "target_forwards": gen.target_forwards, "draft_tokens": gen.draft_tokens,
-            **{f"{key}_s": getattr(gen, f"{key}_s") for key in ("step", *PHASES)},
-            "output_ids": gen.output_ids, "drafter_stats": engine.stats()}
-
-
-def fresh_engines(configs: dict[str, DictConfig], lm: LoadedModel, prompt_ids: list[int]) -> dict:
-    """Measured engines, built after one untimed generation on a throwaway engine of each entry."""
-    engines = {}
-    for label, cfg in configs.items():
-        sampling = Sampling(cfg.temperature, cfg.top_p)
-        timed_generation(build_engine(cfg.method, lm, sampling, cfg.step_breakdown), prompt_ids, cfg, "warmup",
-                         lm.model.device)
-        engines[label] = build_engine(cfg.method, lm, sampling, cfg.step_breakdown)
-    return engines
-
-
-def run_entries(configs: dict[str, DictConfig], lm: LoadedModel, prompts: list[tuple[str, list[int]]],
-                rounds: int) -> dict[str, list[dict]]:
-    """Records per entry label: every prompt of every round, the entry order rotating per prompt."""
-    labels = list(configs)
-    records: dict[str, list[dict]] = {label: [] for label in labels}
-    bar = tqdm(total=rounds * len(prompts) * len(labels), desc="bench", unit="gen", file=sys.stderr)
-    for round_index in range(rounds):
-        engines = fresh_engines(configs, lm, prompts[0][1])
-        for i, (sample_id, prompt_ids) in enumerate(prompts):
-            shift = (i + round_index) % len(labels)
-            for label in labels[shift:] + labels[:shift]:
-                record = timed_generation(engines[label], prompt_ids, configs[label], sample_id,
-                                          lm.model.device)
-                records[label].append({"round": round_index, "sample_id": sample_id, **record})
-                bar.update()
-    bar.close()
-    return records
-
-
-def summarize(configs: dict[str, DictConfig], records: dict[str, list[dict]], baseline: str) -> list[dict]:
-    """Per entry: aggregate metrics, speedup/overhead vs the baseline, exact match of round-0 outputs."""
-    base = aggregate(records[baseline])
-    base_out = {r["sample_id"]: r["output_ids"] for r in records[baseline] if r["round"] == 0}
-    rows = []
-    for label, recs in records.items():
-        metrics = aggregate(recs)
-        first = [r for r in recs if r["round"] == 0]
-        same = [r["output_ids"] == base_out[r["sample_id"]] for r in first]
-        rows.append({
-            "label": label, "method": configs[label].method.name,
-            "lossless": bool(configs[label].method.get("lossless", True)), **metrics,
-            "speedup": metrics["throughput_total"] / base["throughput_total"],
-            "overhead": (metrics["step_latency_s"] / base["step_latency_s"]
-                         if metrics["step_latency_s"] and base["step_latency_s"] else None),
-            "exact_match_rate": sum(same) / len(same),
-        })
-    return rows
-
-
-def format_rows(rows: list[dict]) -> str:
-    """A fixed-width table of the summary rows ('-' where a value does not apply)."""
-    table = [[header for _, header, _ in COLUMNS]]
-    for row in rows:
-        cells = []
-        for key, _, fmt in COLUMNS:
-            value = row.get(key)
-            cells.append("-" if value is None else fmt.format(value * 1000 if key in MILLISECONDS else value))
-        table.append(cells)
-    widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
-    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)) for line in table)
-
-
-def write_results(path: Path, payload: dict) -> Path:
-    """Write the JSON to a new file, adding ``-1``, ``-2``... to the name rather than overwrite one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def new_session(out: Path, suite: str, name: str) -> Path:
+    """A new session folder ``<out>/<suite>/<name>`` (``-1``, ``-2``... appended rather than reuse one)."""
     for attempt in itertools.count():
-        candidate = path if attempt == 0 else path.with_stem(f"{path.stem}-{attempt}")
+        folder = out / suite / (name if attempt == 0 else f"{name}-{attempt}")
         try:
-            with open(candidate, "x") as handle:
-                json.dump(payload, handle, indent=1)
-            return candidate
+            folder.mkdir(parents=True)
+            return folder
         except FileExistsError:
             continue
+    raise AssertionError("unreachable")
+
+
+def round_runners(
+    configs: dict[str, DictConfig],
+    entries: list[Entry],
+    lm: LoadedModel,
+    session: Path,
+    suite: str,
+    baseline: str,
+    round_index: int,
+) -> dict[str, Runner]:
+    """One runner per entry for this round, writing ``<session>/<entry>/r<round>`` with ``repeat`` = round."""
+    runners = {}
+    for index, entry in enumerate(entries):
+        cfg = configs[entry.label].copy()
+        cfg.output_dir = str(session / entry_folder(entry.label) / f"r{round_index}")
+        cfg.repeat = round_index
+        cfg.progress = False
+        bench = {"suite": suite, "session": session.name, "entry": entry.label, "baseline": baseline, "index": index}
+        runners[entry.label] = Runner(cfg, lm=lm, bench=bench)
+    return runners
+
+
+def run_round(runners: dict[str, Runner], bar: tqdm, round_index: int) -> None:
+    """Warm up and build every entry's engine, then run every sample through every entry, order rotating."""
+    labels = list(runners)
+    samples = next(iter(runners.values())).samples
+    for runner in runners.values():
+        runner.open()
+        runner.start_engine(samples[0] if samples else None)
+    status = "failed"
+    try:
+        for i, sample in enumerate(samples):
+            shift = (i + round_index) % len(labels)
+            for label in labels[shift:] + labels[:shift]:
+                runners[label].run_sample(sample)
+                bar.update()
+        status = "complete"
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    finally:
+        for runner in runners.values():
+            runner.finish(status)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -204,6 +182,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("suite", nargs="?", help="a suite in conf/bench/ (see --list)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides applied to every entry")
     parser.add_argument("--list", action="store_true", help="list the suites and exit")
+    parser.add_argument(
+        "--convert",
+        nargs="+",
+        type=Path,
+        metavar="OLD.json",
+        help="turn results files of the earlier single-JSON bench format into run folders",
+    )
     parser.add_argument("--limit", type=int, help="prompts (default: the suite's)")
     parser.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
     parser.add_argument("--rounds", type=int, help="passes over the prompts (default: the suite's, else 1)")
@@ -214,47 +199,157 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> Path:
-    """Run one suite end to end; print the table; return the results file."""
+    """Run one suite end to end into a new session folder; print the report's table; return the folder."""
     suite = load_suite(args.suite)
     entries = expand_entries(suite)
     configs = entry_configs(suite, entries, args)
     first = next(iter(configs.values()))
     device = resolve_device(first.device)
     dtype = resolve_dtype(first.dtype, device)
+    baseline = suite.get("baseline") or entries[0].label
+    if baseline not in configs:
+        raise ConfigError(f"benchmark suite baseline {baseline!r} is not one of its entries {list(configs)}")
     lm = load_model(first.model, device, dtype)
-    dataset = build_dataset(first.dataset, first.data_dir)
-    limit = args.limit or suite.get("limit")
-    prompts = [(s.sample_id, dataset.prompt_ids(lm.tokenizer, s, [])) for s in dataset.samples(limit)]
     rounds = args.rounds or suite.get("rounds", 1)
-    records = run_entries(configs, lm, prompts, rounds)
-    rows = summarize(configs, records, suite.get("baseline") or entries[0].label)
-    environment = capture(device, dtype)
-    print(f"suite={args.suite} model={lm.name} dataset={dataset.name} prompts={len(prompts)} "
-          f"max_new_tokens={first.max_new_tokens} temperature={first.temperature} rounds={rounds} "
-          f"device={environment['device_name']} dtype={dtype_name(dtype)} threads={torch.get_num_threads()}")
-    print(format_rows(rows))
+    if rounds < 1:
+        raise ConfigError(f"--rounds must be >= 1, got {rounds}")
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    payload = {"suite": args.suite, "model": lm.name, "dataset": dataset.name, "prompts": len(prompts),
-               "rounds": rounds, "max_new_tokens": first.max_new_tokens, "temperature": first.temperature,
-               "environment": environment, "rows": rows,
-               "entries": {e.label: {"overrides": list(e.overrides),
-                                     "method": OmegaConf.to_container(configs[e.label].method, resolve=True)}
-                           for e in entries},
-               "records": records}
-    path = write_results(args.out / args.suite / f"{lm.name}_{device.type}_{dtype_name(dtype)}_{stamp}.json",
-                         payload)
-    print(f"wrote {path}")
-    return path
+    session = new_session(args.out, args.suite, f"{lm.name}_{device.type}_{dtype_name(dtype)}_{stamp}")
+    bar = None
+    for round_index in range(rounds):
+        runners = round_runners(configs, entries, lm, session, args.suite, baseline, round_index)
+        if bar is None:
+            samples = len(next(iter(runners.values())).samples)
+            bar = tqdm(total=rounds * samples * len(entries), desc="bench", unit="gen", file=sys.stderr)
+        run_round(runners, bar, round_index)
+    bar.close()
+    environment = capture(device, dtype)
+    print(
+        f"suite={args.suite} model={lm.name} dataset={first.dataset.name} prompts={samples} "
+        f"max_new_tokens={first.max_new_tokens} temperature={first.temperature} rounds={rounds} "
+        f"device={environment['device_name']} dtype={dtype_name(dtype)} threads={torch.get_num_threads()}"
+    )
+    print(report.format_table(report.table([session], repeats=True, view="steps")))
+    print(f"wrote {session}")
+    return session
+
+
+# -- the earlier single-JSON format, read once ------------------------------------------------------
+
+
+def convert(path: Path, out: Path) -> Path:
+    """Write the runs of an earlier bench results file (one JSON) as run folders of a session; return it.
+
+    That format kept per-generation timings, drafts and outputs but not the prompt, the decoded text,
+    the per-step accept lengths, the stop reason or the dataset details: those fields are null here,
+    and every summary names the file it came from (``converted_from``).
+    """
+    payload = json.loads(path.read_text())
+    session = new_session(out, payload["suite"], path.stem)
+    baseline = next(row["label"] for row in payload["rows"] if row["speedup"] == 1.0)  # speedups were vs it
+    for index, (label, entry) in enumerate(payload["entries"].items()):
+        records = payload["records"][label]
+        for round_index in sorted({record["round"] for record in records}):
+            folder = session / entry_folder(label) / f"r{round_index}"
+            folder.mkdir(parents=True)
+            converted = [
+                legacy_record(record, f"{path.name}#{label}") for record in records if record["round"] == round_index
+            ]
+            bench = {
+                "suite": payload["suite"],
+                "session": session.name,
+                "entry": label,
+                "baseline": baseline,
+                "index": index,
+            }
+            summary = legacy_summary(payload, entry, converted, round_index, bench, path.name)
+            write_atomic(folder / "samples.jsonl", "".join(json.dumps(r) + "\n" for r in converted))
+            write_atomic(folder / "summary.json", json.dumps(summary, indent=2) + "\n")
+            write_atomic(
+                folder / "config.yaml", OmegaConf.to_yaml({"method": entry["method"], "overrides": entry["overrides"]})
+            )
+    return session
+
+
+def legacy_record(record: dict, run_id: str) -> dict:
+    """A samples.jsonl record from one generation of the earlier format (fields it lacked are null)."""
+    converted = dict.fromkeys(SAMPLE_FIELDS)
+    converted.update(
+        schema=SCHEMA_VERSION,
+        run_id=run_id,
+        sample_id=record["sample_id"],
+        turn=0,
+        n_turns=1,
+        new_tokens=record["new_tokens"],
+        output_ids=record["output_ids"],
+        wall_s=record["wall_s"],
+        prefill_s=record["prefill_s"],
+        target_forwards=record["target_forwards"],
+        draft_tokens=record["draft_tokens"],
+        drafter_stats=record["drafter_stats"],
+        **{f"{key}_s": record.get(f"{key}_s") for key in ("step", *PHASES)},
+    )
+    return converted
+
+
+def legacy_summary(payload: dict, entry: dict, records: list[dict], round_index: int, bench: dict, source: str) -> dict:
+    """summary.json of one converted entry and round (sampling from the entry's overrides, else the suite's)."""
+    overrides = dict(item.split("=", 1) for item in entry["overrides"] if "=" in item)
+    stamp = re.search(r"\d{8}T\d{6}Z", source)  # the old files were named <model>_<device>_<dtype>_<UTC time>
+    when = (
+        datetime.strptime(stamp.group(), "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc).isoformat(timespec="seconds")
+        if stamp
+        else None
+    )
+    method = entry["method"]
+    return {
+        "schema": SUMMARY_VERSION,
+        "run_id": f"{source}#{bench['entry']}",
+        "status": "complete",
+        "model": payload["model"],
+        "model_path": None,
+        "method": method["name"],
+        "dataset": payload["dataset"],
+        "dataset_info": None,
+        "prompt_format": None,
+        "lossless": bool(method.get("lossless", True)),
+        "hyperparameters": method,
+        "sampling": {
+            "temperature": float(overrides.get("temperature", payload["temperature"])),
+            "top_p": float(overrides.get("top_p", 1.0)),
+            "seed": int(overrides.get("seed", 0)),
+        },
+        "repeat": round_index,
+        "experiment": None,
+        "max_new_tokens": payload["max_new_tokens"],
+        "limit": payload["prompts"],
+        "n_samples": len({r["sample_id"] for r in records}),
+        "warmup": 1,
+        "started_at": when,
+        "updated_at": when,
+        "ended_at": when,
+        "metrics": aggregate(records),
+        "peak_memory": None,
+        "device_map": None,
+        "environment": payload["environment"],
+        "config_digest": None,
+        "bench": bench,
+        "converted_from": source,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point: ``error: ...`` and exit 2 on a user error."""
     args = parse_args(argv)
-    if args.list or not args.suite:
-        for name in suite_names():
-            print(f"{name:16s} {load_suite(name).get('description', '')}")
-        return 0
     try:
+        if args.convert:
+            for path in args.convert:
+                print(f"{path} -> {convert(path, args.out)}")
+            return 0
+        if args.list or not args.suite:
+            for name in suite_names():
+                print(f"{name:16s} {load_suite(name).get('description', '')}")
+            return 0
         run(args)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -1,4 +1,8 @@
-"""Compose the Hydra configs in ``conf/`` from code, exactly as the command-line apps do."""
+"""Compose the Hydra configs from code, exactly as the command-line apps do.
+
+The configs live in the checkout's top-level ``conf/``; a built wheel ships the same files inside the
+package (``specbench/conf``, see pyproject.toml), so an installed specbench runs from any directory.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,16 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def conf_dir() -> Path:
+    """The config folder: the one shipped inside an installed wheel, else the checkout's ``conf/``."""
+    shipped = PACKAGE_DIR / "conf"
+    return shipped if shipped.is_dir() else PACKAGE_DIR.parent / "conf"
+
+
+CONF_DIR = conf_dir()
 
 
 def group_options(group: str) -> list[str]:

@@ -29,7 +29,7 @@ from tqdm import tqdm
 from specbench.config import compose_config
 from specbench.errors import ConfigError, DataUnavailable, UserError
 from specbench.hub import hub_reachable
-from specbench.models.embedded import cache_root
+from specbench.paths import cache_root
 from specbench.structures.corpus_cache import SETTINGS, CorpusCache, check_settings, read_header
 
 SOURCES = ("auto", "files", "hub")
@@ -50,7 +50,7 @@ class CorpusSpec:
     settings: dict  # max_key_len, continuation_len, top_k, min_count
 
     @classmethod
-    def from_cfg(cls, cfg) -> "CorpusSpec":
+    def from_cfg(cls, cfg) -> CorpusSpec:
         """Validate a config node (DictConfig or dict); ``source: auto`` = files when set, else hub."""
         if isinstance(cfg, CorpusSpec):
             return cfg
@@ -64,14 +64,17 @@ class CorpusSpec:
         if source == "auto":
             source = "files" if files else "hub"
         if source == "files" and not files:
-            raise ConfigError("corpus.source=files needs corpus.files=DIR (a folder of .txt files, one file or a "
-                              "glob), or set SPECBENCH_CORPUS_DIR=DIR")
+            raise ConfigError(
+                "corpus.source=files needs corpus.files=DIR (a folder of .txt files, one file or a "
+                "glob), or set SPECBENCH_CORPUS_DIR=DIR"
+            )
         hub = dict(cfg.get("hub") or {})
         if source == "hub" and any(not hub.get(field) for field in ("path", "split", "text_field")):
             raise ConfigError(f"corpus.source=hub needs corpus.hub.path, .split and .text_field; got {hub}")
         max_tokens = cfg.get("max_tokens")
-        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
-                                       or max_tokens < 1):
+        if max_tokens is not None and (
+            isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
+        ):
             raise ConfigError(f"corpus.max_tokens must be an integer >= 1 or null (no cap); got {max_tokens!r}")
         settings = check_settings(**{name: cfg.get(name) for name in SETTINGS})
         return cls(source, files, {field: hub.get(field) for field in HUB_FIELDS}, max_tokens, settings)
@@ -84,8 +87,10 @@ class CorpusSpec:
         else:
             paths = sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
         if not paths:
-            raise DataUnavailable(f"corpus.files={self.files!r} matches no .txt files (give a folder of .txt "
-                                  f"files, one file, or a glob such as 'DIR/**/*.txt')")
+            raise DataUnavailable(
+                f"corpus.files={self.files!r} matches no .txt files (give a folder of .txt "
+                f"files, one file, or a glob such as 'DIR/**/*.txt')"
+            )
         return paths
 
     def identity(self) -> dict:
@@ -98,8 +103,13 @@ class CorpusSpec:
             data = path.read_bytes()
             digest.update(len(data).to_bytes(8, "little") + data)
             total += len(data)
-        return {"kind": "files", "files": len(paths), "bytes": total, "sha256": digest.hexdigest()[:16],
-                "max_tokens": self.max_tokens}
+        return {
+            "kind": "files",
+            "files": len(paths),
+            "bytes": total,
+            "sha256": digest.hexdigest()[:16],
+            "max_tokens": self.max_tokens,
+        }
 
     def location(self) -> str:
         """Where the text comes from, for people (a path or a Hub dataset id)."""
@@ -127,7 +137,8 @@ class CorpusSpec:
             raise DataUnavailable(
                 f"The corpus source is {self.location()}, but the Hugging Face Hub cannot be reached. Offline, "
                 f"build from local text files: corpus.source=files corpus.files=DIR (a folder of .txt files; "
-                f"method.drafter.corpus.files in a run), or set SPECBENCH_CORPUS_DIR=DIR.")
+                f"method.drafter.corpus.files in a run), or set SPECBENCH_CORPUS_DIR=DIR."
+            )
         return self._hub_texts()
 
     def _hub_texts(self) -> Iterator[str]:
@@ -138,8 +149,9 @@ class CorpusSpec:
         field = self.hub["text_field"]
         for row in rows:
             if field not in row:
-                raise ConfigError(f"corpus.hub.text_field={field!r} is not a column of {self.hub['path']}; "
-                                  f"columns: {', '.join(row)}")
+                raise ConfigError(
+                    f"corpus.hub.text_field={field!r} is not a column of {self.hub['path']}; columns: {', '.join(row)}"
+                )
             yield row[field]
 
 
@@ -189,8 +201,9 @@ def batches(texts: Iterable[str]) -> Iterator[list[str]]:
         yield batch
 
 
-def token_streams(tokenizer, texts: Iterable[str], max_tokens: int | None,
-                  on_tokens: Callable[[int], object] = lambda n: None) -> Iterator[list[int]]:
+def token_streams(
+    tokenizer, texts: Iterable[str], max_tokens: int | None, on_tokens: Callable[[int], object] = lambda n: None
+) -> Iterator[list[int]]:
     """Each text's token ids (no special tokens), batch-tokenized; the last one cut at ``max_tokens``."""
     remaining = max_tokens
     for batch in batches(texts):
@@ -207,14 +220,15 @@ def token_streams(tokenizer, texts: Iterable[str], max_tokens: int | None,
 
 def build_corpus_cache(tokenizer, spec: CorpusSpec, identity: dict, progress: bool = True) -> CorpusCache:
     """Tokenize the source (with a progress bar) and count its n-gram continuations."""
-    provenance = {"tokenizer": {"name": tokenizer_name(tokenizer), **identity["tokenizer"]},
-                  "source": {**identity["source"], "location": spec.location()}}
+    provenance = {
+        "tokenizer": {"name": tokenizer_name(tokenizer), **identity["tokenizer"]},
+        "source": {**identity["source"], "location": spec.location()},
+    }
     texts = spec.texts()
     if progress:
         print(f"[specbench] building the corpus cache once from {spec.location()}", file=sys.stderr)
     total = spec.max_tokens if spec.source == "hub" else None  # a file corpus's size in tokens is unknown
-    with tqdm(total=total, unit="tok", unit_scale=True, desc=f"corpus {spec.label()}",
-              disable=not progress) as bar:
+    with tqdm(total=total, unit="tok", unit_scale=True, desc=f"corpus {spec.label()}", disable=not progress) as bar:
         streams = token_streams(tokenizer, texts, spec.max_tokens, bar.update)
         return CorpusCache.build(streams, **spec.settings, provenance=provenance)
 
@@ -237,6 +251,7 @@ def corpus_cache_for(tokenizer, corpus_cfg, progress: bool = True, rebuild: bool
 
 # --- command line ---------------------------------------------------------------------------------
 
+
 def compose_corpus_config(overrides: list[str]) -> DictConfig:
     """``conf/corpus.yaml`` (model + corpus node) with Hydra overrides."""
     return compose_config(*overrides, config_name="corpus")
@@ -258,9 +273,11 @@ def cache_listing_line(path: Path) -> str:
     except (UserError, OSError, ValueError, KeyError) as error:
         return f"{path.name}: unreadable ({error})"
     source = header.get("source", {})
-    return (f"{path.name}: tokenizer {header['tokenizer'].get('name')} (vocab {header['tokenizer'].get('vocab_size')}), "
-            f"{source.get('location', source.get('kind'))}, {header['keys']} keys, {header['continuations']} "
-            f"continuations, {header['settings']}, {path.stat().st_size / 1e3:,.0f} kB")
+    return (
+        f"{path.name}: tokenizer {header['tokenizer'].get('name')} (vocab {header['tokenizer'].get('vocab_size')}), "
+        f"{source.get('location', source.get('kind'))}, {header['keys']} keys, {header['continuations']} "
+        f"continuations, {header['settings']}, {path.stat().st_size / 1e3:,.0f} kB"
+    )
 
 
 def show_command(cfg: DictConfig) -> None:
@@ -275,8 +292,10 @@ def show_command(cfg: DictConfig) -> None:
         print(f"configured cache (model {cfg.model.name}): {path}")
         print(json.dumps(CorpusCache.load(path, expect=identity).describe(), indent=2))
     else:
-        print(f"configured cache (model {cfg.model.name}) is not built yet: {path}\n"
-              f"build it with: python -m specbench.corpus build model={cfg.model.name} [corpus.* overrides]")
+        print(
+            f"configured cache (model {cfg.model.name}) is not built yet: {path}\n"
+            f"build it with: python -m specbench.corpus build model={cfg.model.name} [corpus.* overrides]"
+        )
     stored = sorted(cache_dir().glob("*.npz"))
     print(f"\n{len(stored)} stored in {cache_dir()}")
     for stored_path in stored:
@@ -286,10 +305,14 @@ def show_command(cfg: DictConfig) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """``build`` / ``show`` plus Hydra overrides."""
     parser = argparse.ArgumentParser(prog="python -m specbench.corpus", description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=("build", "show"),
-                        help="build: make (or load) the configured cache; show: what is cached")
-    parser.add_argument("overrides", nargs="*",
-                        help="Hydra overrides, e.g. model=smollm2_135m corpus.source=files corpus.files=DIR force=true")
+    parser.add_argument(
+        "command", choices=("build", "show"), help="build: make (or load) the configured cache; show: what is cached"
+    )
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        help="Hydra overrides, e.g. model=smollm2_135m corpus.source=files corpus.files=DIR force=true",
+    )
     return parser.parse_args(argv)
 
 

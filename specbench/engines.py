@@ -22,8 +22,9 @@ ENGINES = ("loop", "hf_generate")
 class HFGenerate:
     """transformers' ``generate`` on the same prompts; forwards are counted with a hook."""
 
-    def __init__(self, model, eos_ids: frozenset[int], sampling: Sampling, generate_kwargs: dict,
-                 call_kwargs: dict | None = None):
+    def __init__(
+        self, model, eos_ids: frozenset[int], sampling: Sampling, generate_kwargs: dict, call_kwargs: dict | None = None
+    ):
         self.model = model
         self.call_kwargs = call_kwargs or {}  # generate() arguments that are not GenerationConfig fields
         self.settings = dict(
@@ -40,8 +41,9 @@ class HFGenerate:
         """HF generate exposes no drafter internals."""
         return {}
 
-    def generate(self, prompt_ids: list[int], max_new_tokens: int,
-                 generator: torch.Generator | None = None) -> Generation:
+    def generate(
+        self, prompt_ids: list[int], max_new_tokens: int, generator: torch.Generator | None = None
+    ) -> Generation:
         """Run ``model.generate``; prefill time is the end of its first forward."""
         if generator is not None:
             torch.manual_seed(generator.initial_seed())
@@ -58,15 +60,23 @@ class HFGenerate:
             synchronize(device)
             start = time.perf_counter()
             config = GenerationConfig(max_new_tokens=max_new_tokens, **self.settings)
-            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
-                                      **self.call_kwargs)
+            out = self.model.generate(
+                ids, attention_mask=torch.ones_like(ids), generation_config=config, **self.call_kwargs
+            )
             synchronize(device)
         finally:
             hook.remove()
-        output = out[0, len(prompt_ids):].tolist()
+        output = out[0, len(prompt_ids) :].tolist()
         stop = "eos" if output and output[-1] in (config.eos_token_id or []) else "max_new_tokens"
-        return Generation(output, forward_ends[0] - start, len(forward_ends) - 1, stop,
-                          accept_lengths=None, draft_tokens=None, step_s=None)
+        return Generation(
+            output,
+            forward_ends[0] - start,
+            len(forward_ends) - 1,
+            stop,
+            accept_lengths=None,
+            draft_tokens=None,
+            step_s=None,
+        )
 
 
 def hf_assistant(assistant_cfg, lm: LoadedModel) -> dict:
@@ -97,8 +107,13 @@ def build_engine(method_cfg, lm: LoadedModel, sampling: Sampling, step_breakdown
         raise ConfigError(f"method.engine must be one of {ENGINES}; got {method_cfg.engine!r}")
     if method_cfg.engine == "hf_generate":
         assistant = method_cfg.get("assistant")
-        return HFGenerate(lm.model, lm.eos_ids, sampling, dict(method_cfg.get("generate_kwargs") or {}),
-                          hf_assistant(assistant, lm) if assistant is not None else None)
+        return HFGenerate(
+            lm.model,
+            lm.eos_ids,
+            sampling,
+            dict(method_cfg.get("generate_kwargs") or {}),
+            hf_assistant(assistant, lm) if assistant is not None else None,
+        )
     accept_fn = acceptance_rule(method_cfg.get("acceptance", "match"), method_cfg.get("acceptance_kwargs"))
     drafter = hydra.utils.instantiate(method_cfg.drafter)
     drafter.setup(lm.model, lm.tokenizer)

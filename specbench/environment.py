@@ -24,10 +24,12 @@ def cpu_name() -> str:
 
 def git_state() -> dict:
     """Commit and dirty flag of the specbench checkout (null outside a git checkout)."""
+
     def git(*args: str) -> str | None:
         try:
-            return subprocess.run(["git", *args], cwd=PROJECT_ROOT, capture_output=True, text=True,
-                                  timeout=10, check=True).stdout.strip()
+            return subprocess.run(
+                ["git", *args], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=10, check=True
+            ).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return None
 

@@ -1,6 +1,6 @@
-"""Aggregate metrics over samples.jsonl records, in the vocabulary of DESIGN.md section 3.
+"""Aggregate metrics over samples.jsonl records, in the vocabulary of docs/metrics.md.
 
-Conventions (papers differ; see ALGORITHMS.md 0.3):
+Conventions (papers differ; see docs/metrics.md#tokens-per-step):
 - tokens_per_step (= DE = MAL = acceleration rate = EDL) counts the tokens emitted by verify steps
   divided by those steps. The prefill emits the first token and is not a step, so AR reads exactly
   1.0. ``tokens_per_forward`` is the LADE / Self-Draft convention: all generated tokens divided by
@@ -12,7 +12,7 @@ Conventions (papers differ; see ALGORITHMS.md 0.3):
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from specbench.schema import PHASES
 
@@ -47,8 +47,7 @@ def aggregate(records: Iterable[dict]) -> dict:
         "tokens_per_forward": _ratio(new, steps + len(records)),
         "accepted_per_step": None if tokens_per_step is None else tokens_per_step - 1,
         "draft_efficiency": _ratio(step_tokens - steps, drafted) if drafted else None,
-        "step_latency_s": _ratio(sum(sum(r["step_s"]) for r in stepped),
-                                 sum(r["target_forwards"] for r in stepped)),
+        "step_latency_s": _ratio(sum(sum(r["step_s"]) for r in stepped), sum(r["target_forwards"] for r in stepped)),
         "outside_forward_share": _ratio(outside_s, timed_step_s),
         "outside_forward_s": _ratio(outside_s, sum(r["target_forwards"] for r in timed)),
         **phase_shares(records),

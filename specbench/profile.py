@@ -17,9 +17,9 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from itertools import groupby
 from pathlib import Path
-from typing import Callable
 
 import hydra
 import torch
@@ -29,6 +29,7 @@ from matplotlib.ticker import StrMethodFormatter
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from specbench.config import CONF_DIR
 from specbench.core.loop import synchronize
 from specbench.core.tree import DraftTree
 from specbench.core.verify import cache_length, compact_cache, forward_tree, new_cache, prefill
@@ -36,12 +37,12 @@ from specbench.environment import capture, device_name, dtype_name
 from specbench.models.loading import load_model, resolve_device, resolve_dtype
 
 MASKS = ("chain", "tree")
-CSV_FIELDS = ["model", "device_name", "dtype", "context_length", "num_tokens", "mask", "median_ms",
-              "min_ms", "repeats"]
+CSV_FIELDS = ["model", "device_name", "dtype", "context_length", "num_tokens", "mask", "median_ms", "min_ms", "repeats"]
 
 
-def split_grid(context_lengths: list[int], num_tokens: list[int],
-               max_context: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+def split_grid(
+    context_lengths: list[int], num_tokens: list[int], max_context: int
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """(c, n) cells sorted by c, split into those that fit the model's context and those that do not."""
     if min(context_lengths) < 1 or min(num_tokens) < 1:
         raise ValueError(f"context_lengths and num_tokens must be >= 1; got {context_lengths}, {num_tokens}")
@@ -85,8 +86,15 @@ def timed_forward_ms(model, cache, tree: DraftTree, device: torch.device) -> flo
     return elapsed_ms
 
 
-def measure(model, cache, trees: list[DraftTree], repeats: int, warmup: int, device: torch.device,
-            on_forward: Callable[[], object] = lambda: None) -> list[list[float]]:
+def measure(
+    model,
+    cache,
+    trees: list[DraftTree],
+    repeats: int,
+    warmup: int,
+    device: torch.device,
+    on_forward: Callable[[], object] = lambda: None,
+) -> list[list[float]]:
     """Per tree, ``repeats`` timings (ms) after ``warmup`` untimed runs (allocator, kernel choice).
 
     NOTE: the trees are timed round-robin rather than one after another, so a burst of load from
@@ -102,14 +110,29 @@ def measure(model, cache, trees: list[DraftTree], repeats: int, warmup: int, dev
 
 def timing_row(context: int, num_tokens: int, mask: str, timings: list[float]) -> dict:
     """The measured columns of one (c, n, mask) cell."""
-    return {"context_length": context, "num_tokens": num_tokens, "mask": mask,
-            "median_ms": statistics.median(timings), "min_ms": min(timings), "repeats": len(timings)}
+    return {
+        "context_length": context,
+        "num_tokens": num_tokens,
+        "mask": mask,
+        "median_ms": statistics.median(timings),
+        "min_ms": min(timings),
+        "repeats": len(timings),
+    }
 
 
 @torch.inference_mode()
-def profile_latency(model, context_lengths: list[int], num_tokens: list[int], repeats: int, warmup: int,
-                    seed: int, device: torch.device, *, name: str | None = None,
-                    max_context: int | None = None) -> list[dict]:
+def profile_latency(
+    model,
+    context_lengths: list[int],
+    num_tokens: list[int],
+    repeats: int,
+    warmup: int,
+    seed: int,
+    device: torch.device,
+    *,
+    name: str | None = None,
+    max_context: int | None = None,
+) -> list[dict]:
     """Median/min one-forward latency per (context length, new tokens, mask): rows with ``CSV_FIELDS``.
 
     ``name`` labels the rows (default: the model's config name); cells with c + n beyond
@@ -120,10 +143,14 @@ def profile_latency(model, context_lengths: list[int], num_tokens: list[int], re
     max_context = max_context or model.config.max_position_embeddings
     cells, skipped = split_grid(list(context_lengths), list(num_tokens), max_context)
     if skipped:
-        print(f"[specbench.profile] skipping (c, n) beyond the context length {max_context}: {skipped}",
-              file=sys.stderr)
-    identity = {"model": name or model.config.name_or_path or model.config.model_type,
-                "device_name": device_name(device), "dtype": dtype_name(model.dtype)}
+        print(
+            f"[specbench.profile] skipping (c, n) beyond the context length {max_context}: {skipped}", file=sys.stderr
+        )
+    identity = {
+        "model": name or model.config.name_or_path or model.config.model_type,
+        "device_name": device_name(device),
+        "dtype": dtype_name(model.dtype),
+    }
     generator = torch.Generator().manual_seed(seed)
     rows = []
     forwards = len(cells) * len(MASKS) * (warmup + repeats)
@@ -140,8 +167,9 @@ def profile_latency(model, context_lengths: list[int], num_tokens: list[int], re
 
 def series(rows: list[dict], context: int, mask: str) -> tuple[list[int], list[float]]:
     """(num_tokens, median_ms) of one context length and mask, sorted by num_tokens."""
-    points = sorted((r["num_tokens"], r["median_ms"]) for r in rows
-                    if r["context_length"] == context and r["mask"] == mask)
+    points = sorted(
+        (r["num_tokens"], r["median_ms"]) for r in rows if r["context_length"] == context and r["mask"] == mask
+    )
     return [n for n, _ in points], [ms for _, ms in points]
 
 
@@ -157,8 +185,14 @@ def plot(rows: list[dict], path: Path | str) -> None:
     ax = fig.add_subplot()
     for index, context in enumerate(contexts(rows)):
         for mask, style in zip(MASKS, ("-", "--")):
-            ax.plot(*series(rows, context, mask), style, marker="o", markersize=3, color=f"C{index}",
-                    label=f"context {context}, {mask}")
+            ax.plot(
+                *series(rows, context, mask),
+                style,
+                marker="o",
+                markersize=3,
+                color=f"C{index}",
+                label=f"context {context}, {mask}",
+            )
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(StrMethodFormatter("{x:g}"))  # 1, 2, 4, ... rather than 2^k
     ax.set_xlabel("new tokens in the forward pass")
@@ -180,11 +214,14 @@ def context_table(rows: list[dict], context: int, tolerance: float) -> str:
     ns, chain = series(rows, context, "chain")
     _, tree = series(rows, context, "tree")
     base = chain[0]  # latency(1) when 1 is in num_tokens, else the smallest n measured
-    lines = [f"context {context}: median ms, x = / chain latency at n={ns[0]}",
-             f"{'n':>6} {'chain':>9} {'x':>6} {'tree':>9} {'x':>6}"]
+    lines = [
+        f"context {context}: median ms, x = / chain latency at n={ns[0]}",
+        f"{'n':>6} {'chain':>9} {'x':>6} {'tree':>9} {'x':>6}",
+    ]
     lines += [f"{n:>6} {c:>9.2f} {c / base:>6.2f} {t:>9.2f} {t / base:>6.2f}" for n, c, t in zip(ns, chain, tree)]
-    lines.append(f"critical decoding length (chain <= {tolerance}x): "
-                 f"{critical_length(ns, [c / base for c in chain], tolerance)}")
+    lines.append(
+        f"critical decoding length (chain <= {tolerance}x): {critical_length(ns, [c / base for c in chain], tolerance)}"
+    )
     return "\n".join(lines)
 
 
@@ -208,22 +245,34 @@ def run(cfg: DictConfig) -> Path:
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     loaded = load_model(cfg.model, device, dtype)
-    rows = profile_latency(loaded.model, cfg.context_lengths, cfg.num_tokens, cfg.repeats, cfg.warmup, cfg.seed,
-                           device, name=loaded.name, max_context=loaded.context_length)
+    rows = profile_latency(
+        loaded.model,
+        cfg.context_lengths,
+        cfg.num_tokens,
+        cfg.repeats,
+        cfg.warmup,
+        cfg.seed,
+        device,
+        name=loaded.name,
+        max_context=loaded.context_length,
+    )
     out_dir = Path(cfg.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = out_dir / f"latency_{device.type}_{dtype_name(dtype)}"
     write_csv(rows, stem.with_suffix(".csv"))
     plot(rows, stem.with_suffix(".png"))
-    sidecar = {"environment": capture(device, dtype), "model_path": loaded.path,
-               "config": OmegaConf.to_container(cfg, resolve=True)}
+    sidecar = {
+        "environment": capture(device, dtype),
+        "model_path": loaded.path,
+        "config": OmegaConf.to_container(cfg, resolve=True),
+    }
     stem.with_suffix(".json").write_text(json.dumps(sidecar, indent=2) + "\n")
     print(format_report(rows, cfg.flat_tolerance))
     print(f"\nwrote {stem}.csv, .png, .json")
     return stem.with_suffix(".csv")
 
 
-@hydra.main(config_path="../conf", config_name="profile", version_base=None)
+@hydra.main(config_path=str(CONF_DIR), config_name="profile", version_base=None)
 def main(cfg: DictConfig) -> None:
     """Hydra entry point of ``python -m specbench.profile``."""
     run(cfg)

@@ -1,22 +1,30 @@
-"""Report v0: load result folders into pandas, join every run with its AR baseline, print tables.
+"""The report: load result folders into pandas, join every run with its AR baseline, print tables.
 
-Everything is derived from the raw ``samples.jsonl`` records (DESIGN.md section 3): metrics are
+Every comparison between runs (speedup three ways, overhead, exact match, first divergence, the
+bootstrap interval) is computed here and nowhere else; per-run aggregates come from
+``specbench.metrics.aggregate``. The benchmark suites (``specbench.bench``) print this module's
+``steps`` view of their run folders.
+
+Everything is derived from the raw ``samples.jsonl`` records (docs/design.md#results-on-disk): metrics are
 recomputed with ``specbench.metrics.aggregate`` instead of being read from ``summary.json``, and
 speedup and exact match are computed against the matching AR run on the (sample_id, turn) keys that
 both runs have, since runs can stop at different limits.
 
-Usage: ``python -m specbench.report RUN_DIR [RUN_DIR...] [--csv OUT.csv] [--divergences] [--by category]``
+Usage: ``python -m specbench.report RUN_DIR [RUN_DIR...] [--csv OUT.csv] [--divergences] [--by category]
+[--merge-repeats] [--view runs|steps]``
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import warnings
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
+import numpy as np
 import pandas as pd
 
 from specbench.errors import UserError
@@ -26,25 +34,106 @@ from specbench.schema import SAMPLE_FIELDS, upgrade_record, validate_record
 PathLike = str | Path
 
 AR_METHOD = "ar"
-RUN_COLUMNS = ["run_dir", "model", "method", "dataset", "temperature", "top_p", "seed",
-               "max_new_tokens", "device_name", "dtype", "repeat", "lossless", "status", "n_samples"]
-# What a run must share with its AR baseline for a speedup to mean anything (DESIGN.md section 1).
-MATCH_KEYS = ["model", "dataset", "temperature", "top_p", "max_new_tokens", "device_name", "dtype", "repeat"]
-SAMPLE_KEY = ["sample_id", "turn"]
+RUN_COLUMNS = [
+    "run_dir",
+    "model",
+    "method",
+    "dataset",
+    "temperature",
+    "top_p",
+    "seed",
+    "max_new_tokens",
+    "device_name",
+    "dtype",
+    "repeat",
+    "lossless",
+    "status",
+    "n_samples",
+    "session",
+    "entry",
+    "baseline_entry",
+    "entry_index",
+]
+# What a run must share with its AR baseline for a speedup to mean anything (docs/design.md#fair-comparisons);
+# ``session`` keeps the runs of one benchmark-suite session together ("" for ordinary runs).
+MATCH_KEYS = ["model", "dataset", "temperature", "top_p", "max_new_tokens", "device_name", "dtype", "repeat", "session"]
+# A record's key within its run; ``repeat`` tells apart the repeats that ``merge_repeats`` puts in one run.
+SAMPLE_KEY = ["sample_id", "turn", "repeat"]
+BOOTSTRAP_SAMPLES = 1000
 AR_SIDE = ["run_dir", "new_tokens", "wall_s", "output_ids"]
-TABLE_COLUMNS = ["run_dir", "model", "method", "dataset", "temperature", "n_samples",
-                 "throughput_total", "throughput_mean", "tokens_per_step", "accepted_per_step",
-                 "draft_efficiency", "step_latency_s", "outside_forward_share", "n_common", "overhead",
-                 "speedup", "speedup_mean", "exact_match_rate"]
-DIVERGENCE_COLUMNS = ["run_dir", "ar_run_dir", "method", "dataset", "sample_id", "turn",
-                      "new_tokens", "ar_new_tokens", "exact_match", "first_divergence"]
+TABLE_COLUMNS = [
+    "run_dir",
+    "model",
+    "method",
+    "dataset",
+    "temperature",
+    "n_samples",
+    "throughput_total",
+    "throughput_mean",
+    "tokens_per_step",
+    "accepted_per_step",
+    "draft_efficiency",
+    "step_latency_s",
+    "outside_forward_share",
+    "n_common",
+    "overhead",
+    "speedup",
+    "speedup_mean",
+    "exact_match_rate",
+]
+# The benchmark-suite view: one row per entry, where each step's time goes.
+STEP_COLUMNS = [
+    "entry",
+    "method",
+    "lossless",
+    "n_samples",
+    "tokens_per_step",
+    "throughput_total",
+    "speedup",
+    "overhead",
+    "exact_match_rate",
+    "step_latency_s",
+    "outside_forward_s",
+    "outside_forward_share",
+    "draft_share",
+    "accept_share",
+    "update_share",
+]
+VIEWS = {"runs": TABLE_COLUMNS, "steps": STEP_COLUMNS}
+MILLISECONDS = ("step_latency_s", "outside_forward_s")
+SHARES = ("outside_forward_share", "draft_share", "verify_share", "accept_share", "update_share")
+DIVERGENCE_COLUMNS = [
+    "run_dir",
+    "ar_run_dir",
+    "method",
+    "dataset",
+    "sample_id",
+    "turn",
+    "new_tokens",
+    "ar_new_tokens",
+    "exact_match",
+    "first_divergence",
+]
 # Short headers so a full table fits a terminal; the CSV keeps the full column names.
-DISPLAY_NAMES = {"run_dir": "run", "ar_run_dir": "ar_run", "temperature": "temp", "n_samples": "n",
-                 "throughput_total": "tok/s", "throughput_mean": "tok/s_mean",
-                 "tokens_per_step": "tok/step", "accepted_per_step": "acc/step",
-                 "draft_efficiency": "draft_eff", "step_latency_s": "step_ms",
-                 "outside_forward_share": "outside_fwd",
-                 "exact_match_rate": "exact", "first_divergence": "diverges_at"}
+DISPLAY_NAMES = {
+    "run_dir": "run",
+    "ar_run_dir": "ar_run",
+    "temperature": "temp",
+    "n_samples": "n",
+    "throughput_total": "tok/s",
+    "throughput_mean": "tok/s_mean",
+    "tokens_per_step": "tok/step",
+    "accepted_per_step": "acc/step",
+    "draft_efficiency": "draft_eff",
+    "step_latency_s": "step_ms",
+    "outside_forward_s": "outside_ms",
+    "outside_forward_share": "outside_fwd",
+    "draft_share": "draft",
+    "accept_share": "accept",
+    "update_share": "update",
+    "exact_match_rate": "exact",
+    "first_divergence": "diverges_at",
+}
 
 
 class ReportError(UserError):
@@ -99,8 +188,7 @@ def _parse_line(path: Path, number: int, line: str, is_last: bool) -> dict | Non
     except json.JSONDecodeError as error:
         if not is_last:
             raise ReportError(f"{path}:{number}: malformed record ({error})") from error
-        warnings.warn(f"{path}:{number}: skipping truncated last line (interrupted run?)",
-                      stacklevel=2)
+        warnings.warn(f"{path}:{number}: skipping truncated last line (interrupted run?)", stacklevel=2)
         return None
     try:
         validate_record(record)
@@ -110,17 +198,30 @@ def _parse_line(path: Path, number: int, line: str, is_last: bool) -> dict | Non
 
 
 def _identity(run_dir: Path, summary: dict) -> dict:
-    """The identity columns of a run (what ran, on which data, how, on what hardware)."""
+    """The identity columns of a run (what ran, on which data, how, on what hardware, in which bench session)."""
     try:
         sampling, environment = summary["sampling"], summary["environment"]
-        return {"run_dir": str(run_dir), "model": summary["model"], "method": summary["method"],
-                "dataset": summary["dataset"], "temperature": sampling["temperature"],
-                "top_p": sampling["top_p"], "seed": sampling["seed"],
-                "max_new_tokens": summary["max_new_tokens"],
-                "device_name": environment["device_name"], "dtype": environment["dtype"],
-                "repeat": summary.get("repeat", 0),
-                "lossless": summary["lossless"], "status": summary["status"],
-                "n_samples": summary["n_samples"]}
+        bench = summary.get("bench") or {}
+        return {
+            "run_dir": str(run_dir),
+            "model": summary["model"],
+            "method": summary["method"],
+            "dataset": summary["dataset"],
+            "temperature": sampling["temperature"],
+            "top_p": sampling["top_p"],
+            "seed": sampling["seed"],
+            "max_new_tokens": summary["max_new_tokens"],
+            "device_name": environment["device_name"],
+            "dtype": environment["dtype"],
+            "repeat": summary.get("repeat", 0),
+            "lossless": summary["lossless"],
+            "status": summary["status"],
+            "n_samples": summary["n_samples"],
+            "session": bench.get("session", ""),
+            "entry": bench.get("entry", ""),
+            "baseline_entry": bench.get("baseline", ""),
+            "entry_index": bench.get("index", -1),
+        }
     except KeyError as error:
         raise ReportError(f"{run_dir}/summary.json: missing field {error}") from error
 
@@ -136,7 +237,7 @@ def read_runs(paths: Iterable[PathLike]) -> list[Run]:
     return [read_run(run_dir) for run_dir in find_run_dirs(paths)]
 
 
-def _runs_frame(runs: list[Run]) -> pd.DataFrame:
+def runs_frame(runs: list[Run]) -> pd.DataFrame:
     """One row per run: identity columns plus metrics recomputed from its raw records."""
     frame = pd.DataFrame([{**run.identity, **aggregate(run.records)} for run in runs])
     metrics = [column for column in frame.columns if column not in RUN_COLUMNS]
@@ -144,7 +245,7 @@ def _runs_frame(runs: list[Run]) -> pd.DataFrame:
     return frame
 
 
-def _samples_frame(runs: list[Run]) -> pd.DataFrame:
+def samples_frame(runs: list[Run]) -> pd.DataFrame:
     """One row per record, each carrying the identity columns of its run."""
     rows = [{**run.identity, **record} for run in runs for record in run.records]
     return pd.DataFrame(rows, columns=None if rows else [*RUN_COLUMNS, *SAMPLE_FIELDS])
@@ -152,12 +253,12 @@ def _samples_frame(runs: list[Run]) -> pd.DataFrame:
 
 def load_runs(paths: Iterable[PathLike]) -> pd.DataFrame:
     """One row per run directory: identity and metrics recomputed from samples.jsonl."""
-    return _runs_frame(read_runs(paths))
+    return runs_frame(read_runs(paths))
 
 
 def load_samples(paths: Iterable[PathLike]) -> pd.DataFrame:
     """One row per samples.jsonl record, with the run_dir and identity columns of its run."""
-    return _samples_frame(read_runs(paths))
+    return samples_frame(read_runs(paths))
 
 
 def split_by(runs: list[Run], field: str) -> list[Run]:
@@ -170,19 +271,64 @@ def split_by(runs: list[Run], field: str) -> list[Run]:
     for run in runs:
         for value in sorted({str(record.get(field)) for record in run.records}):
             records = [record for record in run.records if str(record.get(field)) == value]
-            identity = {**run.identity, "run_dir": f"{run.identity['run_dir']}#{value}",
-                        "dataset": f"{run.identity['dataset']}/{value}",
-                        "n_samples": len({record["sample_id"] for record in records})}
+            identity = {
+                **run.identity,
+                "run_dir": f"{run.identity['run_dir']}#{value}",
+                "dataset": f"{run.identity['dataset']}/{value}",
+                "n_samples": len({record["sample_id"] for record in records}),
+            }
             parts.append(Run(identity, records))
     return parts
 
 
-def load(paths: Iterable[PathLike], by: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Both frames (runs, samples) from a single read of the run directories (split ``by`` a field)."""
+REPEAT_FREE = ("run_dir", "repeat", "status", "n_samples")
+"""Identity columns in which the repeats of one setting may differ."""
+
+
+def merge_repeats(runs: list[Run]) -> list[Run]:
+    """One run per setting: the repeats of a setting (runs equal but for REPEAT_FREE) read as one.
+
+    Each record keeps its repeat (so it pairs with the same repeat of its baseline); the merged run's
+    ``repeat`` is ``"all"``, its ``run_dir`` names the repeats' folders (``_folder_set``), ``n_samples`` the
+    distinct samples, ``status`` complete only if every repeat is.
+    """
+    groups: dict[tuple, list[Run]] = {}
+    for run in runs:
+        key = tuple(sorted((k, str(v)) for k, v in run.identity.items() if k not in REPEAT_FREE))
+        groups.setdefault(key, []).append(run)
+    merged = []
+    for group in groups.values():
+        records = [{**record, "repeat": run.identity["repeat"]} for run in group for record in run.records]
+        statuses = {run.identity["status"] for run in group}
+        folders = [run.identity["run_dir"] for run in group]
+        identity = {
+            **group[0].identity,
+            "repeat": "all",
+            "run_dir": _folder_set(folders),
+            "n_samples": len({record["sample_id"] for record in records}),
+            "status": "complete" if statuses == {"complete"} else sorted(statuses - {"complete"})[0],
+        }
+        merged.append(Run(identity, records))
+    return merged
+
+
+def _folder_set(folders: list[str]) -> str:
+    """One name for several run folders: ``parent/{a,b}`` (shell brace style), or the folder if just one."""
+    if len(folders) == 1:
+        return folders[0]
+    parent = os.path.commonpath(folders)
+    return f"{parent}/{{{','.join(sorted(os.path.relpath(folder, parent) for folder in folders))}}}"
+
+
+def load(paths: Iterable[PathLike], by: str | None = None, repeats: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Both frames (runs, samples) from one read of the run directories: split ``by`` a record field,
+    and with ``repeats`` the repeats of each setting merged into one run."""
     runs = read_runs(paths)
+    if repeats:
+        runs = merge_repeats(runs)
     if by is not None:
         runs = split_by(runs, by)
-    return _runs_frame(runs), _samples_frame(runs)
+    return runs_frame(runs), samples_frame(runs)
 
 
 def first_divergence(output: Sequence[int], reference: Sequence[int]) -> int:
@@ -194,14 +340,26 @@ def first_divergence(output: Sequence[int], reference: Sequence[int]) -> int:
 
 
 def _ar_partners(runs: pd.DataFrame) -> pd.Series:
-    """run_dir -> run_dir of its AR baseline: itself if AR, else same seed first, then largest."""
-    ar = runs.loc[runs["method"] == AR_METHOD, [*MATCH_KEYS, "run_dir", "seed", "n_records"]]
-    pairs = runs[["run_dir", "seed", *MATCH_KEYS]].merge(ar, on=MATCH_KEYS, suffixes=("", "_ar"))
-    preference = pd.DataFrame({"run_dir": pairs["run_dir"], "ar_run_dir": pairs["run_dir_ar"],
-                               "other_run": pairs["run_dir"] != pairs["run_dir_ar"],
-                               "other_seed": pairs["seed"] != pairs["seed_ar"],
-                               "fewer": -pairs["n_records"]})
-    best = preference.sort_values(["run_dir", "other_run", "other_seed", "fewer", "ar_run_dir"])
+    """run_dir -> run_dir of its AR baseline (an AR run sharing MATCH_KEYS).
+
+    Preference: the bench session's baseline entry, then the run itself if it is AR, then the same
+    seed, then the run with most records.
+    """
+    ar = runs.loc[runs["method"] == AR_METHOD, [*MATCH_KEYS, "run_dir", "seed", "n_records", "entry"]]
+    own = runs[["run_dir", "seed", "baseline_entry", *MATCH_KEYS]]
+    pairs = own.merge(ar, on=MATCH_KEYS, suffixes=("", "_ar"))
+    is_baseline = (pairs["baseline_entry"] != "") & (pairs["entry"] == pairs["baseline_entry"])
+    preference = pd.DataFrame(
+        {
+            "run_dir": pairs["run_dir"],
+            "ar_run_dir": pairs["run_dir_ar"],
+            "not_baseline": ~is_baseline,
+            "other_run": pairs["run_dir"] != pairs["run_dir_ar"],
+            "other_seed": pairs["seed"] != pairs["seed_ar"],
+            "fewer": -pairs["n_records"],
+        }
+    )
+    best = preference.sort_values(["run_dir", "not_baseline", "other_run", "other_seed", "fewer", "ar_run_dir"])
     return best.drop_duplicates("run_dir").set_index("run_dir")["ar_run_dir"]
 
 
@@ -211,25 +369,26 @@ def _pair_with(samples: pd.DataFrame, partners: pd.Series) -> pd.DataFrame:
     own = own.assign(ar_run_dir=own["run_dir"].map(partners))
     ar = samples[[*SAMPLE_KEY, *AR_SIDE]].rename(columns={c: f"ar_{c}" for c in AR_SIDE})
     pairs = own.merge(ar, on=["ar_run_dir", *SAMPLE_KEY])
-    divergence = [first_divergence(out, ref)
-                  for out, ref in zip(pairs["output_ids"], pairs["ar_output_ids"])]
+    divergence = [first_divergence(out, ref) for out, ref in zip(pairs["output_ids"], pairs["ar_output_ids"])]
     return pairs.assign(first_divergence=divergence, exact_match=[d == -1 for d in divergence])
 
 
 def _agreement(pairs: pd.DataFrame) -> pd.DataFrame:
     """Per run, over the common samples: speedup (total and mean rate) and the exact-match rate."""
-    rates = pairs.assign(rate=pairs["new_tokens"] / pairs["wall_s"],
-                         ar_rate=pairs["ar_new_tokens"] / pairs["ar_wall_s"])
+    rates = pairs.assign(
+        rate=pairs["new_tokens"] / pairs["wall_s"], ar_rate=pairs["ar_new_tokens"] / pairs["ar_wall_s"]
+    )
     grouped = rates.groupby("run_dir")
     sums = grouped[["new_tokens", "wall_s", "ar_new_tokens", "ar_wall_s"]].sum()
     means = grouped[["rate", "ar_rate", "exact_match"]].mean()
-    return pd.DataFrame({
-        "n_common": grouped.size(),
-        "speedup": (sums["new_tokens"] / sums["wall_s"])
-                   / (sums["ar_new_tokens"] / sums["ar_wall_s"]),
-        "speedup_mean": means["rate"] / means["ar_rate"],
-        "exact_match_rate": means["exact_match"].astype(float),
-    })
+    return pd.DataFrame(
+        {
+            "n_common": grouped.size(),
+            "speedup": (sums["new_tokens"] / sums["wall_s"]) / (sums["ar_new_tokens"] / sums["ar_wall_s"]),
+            "speedup_mean": means["rate"] / means["ar_rate"],
+            "exact_match_rate": means["exact_match"].astype(float),
+        }
+    )
 
 
 def _samples_of(runs: pd.DataFrame, samples: pd.DataFrame | None) -> pd.DataFrame:
@@ -264,24 +423,51 @@ def divergences(runs: pd.DataFrame, samples: pd.DataFrame | None = None) -> pd.D
     return compared[DIVERGENCE_COLUMNS].reset_index(drop=True)
 
 
-def _report_table(runs: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
-    """The per-run table from loaded frames, grouped by model and dataset for reading."""
-    report = match_ar(runs, samples)[TABLE_COLUMNS]
-    return report.sort_values(["model", "dataset", "temperature", "method"]).reset_index(drop=True)
+def speedup_statistics(pairs: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
+    """Per run: mean of per-sample speedups and a 95 % bootstrap interval of the total/total speedup."""
+    rows = {}
+    rng = np.random.default_rng(seed)
+    for run_dir, group in pairs.groupby("run_dir"):
+        tokens, wall = group["new_tokens"].to_numpy(float), group["wall_s"].to_numpy(float)
+        ar_tokens, ar_wall = group["ar_new_tokens"].to_numpy(float), group["ar_wall_s"].to_numpy(float)
+        per_sample = (tokens / wall) / (ar_tokens / ar_wall)
+        draws = rng.integers(len(group), size=(BOOTSTRAP_SAMPLES, len(group)))  # [B, n] resampled indices
+        boot = (tokens[draws].sum(1) / wall[draws].sum(1)) / (ar_tokens[draws].sum(1) / ar_wall[draws].sum(1))
+        rows[run_dir] = {
+            "speedup_per_sample": per_sample.mean(),
+            "speedup_ci_low": np.quantile(boot, 0.025),
+            "speedup_ci_high": np.quantile(boot, 0.975),
+        }
+    return pd.DataFrame.from_dict(
+        rows, orient="index", columns=["speedup_per_sample", "speedup_ci_low", "speedup_ci_high"]
+    )
 
 
-def table(paths: Iterable[PathLike], by: str | None = None) -> pd.DataFrame:
-    """The per-run report: recomputed metrics, speedup and exact-match rate vs the AR baseline."""
-    return _report_table(*load(paths, by))
+def _report_table(runs: pd.DataFrame, samples: pd.DataFrame, view: str = "runs") -> pd.DataFrame:
+    """One view's table from loaded frames: bench entries in suite order, other runs by model and dataset."""
+    order = ["session", "entry_index", "model", "dataset", "temperature", "method", "run_dir"]
+    report = match_ar(runs, samples).sort_values(order)
+    return report[VIEWS[view]].reset_index(drop=True)
+
+
+def table(paths: Iterable[PathLike], by: str | None = None, repeats: bool = False, view: str = "runs") -> pd.DataFrame:
+    """The report: recomputed metrics, speedup, overhead and exact-match rate vs the AR baseline.
+
+    ``view`` picks the columns (``runs``: throughput and acceptance; ``steps``: the bench view of
+    where step time goes); ``repeats`` merges the repeats of each setting (see ``merge_repeats``).
+    """
+    return _report_table(*load(paths, by, repeats), view)
 
 
 def _for_display(frame: pd.DataFrame) -> pd.DataFrame:
-    """Run folder names instead of paths, latency in ms and short headers, to fit a terminal."""
+    """Run folder names instead of paths, times in ms, shares in %, short headers, to fit a terminal."""
     shown = frame.copy()
     for column in {"run_dir", "ar_run_dir"} & set(shown.columns):
         shown[column] = shown[column].map(lambda path: Path(path).name, na_action="ignore")
-    if "step_latency_s" in shown:
-        shown["step_latency_s"] = shown["step_latency_s"] * 1000
+    for column in set(MILLISECONDS) & set(shown.columns):
+        shown[column] = shown[column] * 1000
+    for column in set(SHARES) & set(shown.columns):
+        shown[column] = shown[column].map(lambda share: "-" if pd.isna(share) else f"{share:.1%}")
     return shown.rename(columns=DISPLAY_NAMES)
 
 
@@ -300,15 +486,26 @@ def _divergence_text(compared: pd.DataFrame) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     """The command line of ``python -m specbench.report``."""
-    parser = argparse.ArgumentParser(prog="python -m specbench.report",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("paths", nargs="+", metavar="RUN_DIR",
-                        help="run directories, or folders to search for them")
+    parser = argparse.ArgumentParser(prog="python -m specbench.report", description=__doc__.splitlines()[0])
+    parser.add_argument("paths", nargs="+", metavar="RUN_DIR", help="run directories, or folders to search for them")
     parser.add_argument("--csv", metavar="OUT.csv", help="also write the table (full precision)")
-    parser.add_argument("--divergences", action="store_true",
-                        help="also list the samples that differ from AR and where")
-    parser.add_argument("--by", metavar="FIELD",
-                        help="one row per run and value of a sample field, e.g. --by category (MT-Bench)")
+    parser.add_argument(
+        "--divergences", action="store_true", help="also list the samples that differ from AR and where"
+    )
+    parser.add_argument(
+        "--by", metavar="FIELD", help="one row per run and value of a sample field, e.g. --by category (MT-Bench)"
+    )
+    parser.add_argument(
+        "--merge-repeats",
+        action="store_true",
+        help="one row per setting: its repeats (e.g. benchmark rounds) read as one run",
+    )
+    parser.add_argument(
+        "--view",
+        choices=sorted(VIEWS),
+        default="runs",
+        help="columns: runs (throughput, acceptance) or steps (where step time goes)",
+    )
     return parser
 
 
@@ -317,10 +514,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        runs, samples = load(args.paths, args.by)
+        runs, samples = load(args.paths, args.by, args.merge_repeats)
     except ReportError as error:
         parser.error(str(error))
-    report = _report_table(runs, samples)
+    report = _report_table(runs, samples, args.view)
     print(format_table(report))
     if args.csv:
         report.to_csv(args.csv, index=False)

@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from specbench import environment
 from specbench.core.acceptance import Sampling, sampling_problems
-from specbench.core.loop import STEP_BREAKDOWN_SETTINGS, Generation, synchronize
+from specbench.core.loop import STEP_BREAKDOWN_SETTINGS, Engine, Generation, synchronize
 from specbench.data.base import Dataset, Sample, build_dataset
 from specbench.engines import build_engine
 from specbench.errors import ConfigError
@@ -24,8 +24,18 @@ from specbench.models.loading import LoadedModel, load_model, resolve_device, re
 from specbench.schema import PHASES, SCHEMA_VERSION, SUMMARY_VERSION
 from specbench.store import RunStore
 
-RUN_ONLY_KEYS = ("limit", "warmup", "output_dir", "data_dir", "force", "progress", "repeat", "experiment",
-                 "results_root", "step_breakdown")
+RUN_ONLY_KEYS = (
+    "limit",
+    "warmup",
+    "output_dir",
+    "data_dir",
+    "force",
+    "progress",
+    "repeat",
+    "experiment",
+    "results_root",
+    "step_breakdown",
+)
 """Top-level keys that do not change what a sample's result is (excluded from the config digest)."""
 
 
@@ -55,8 +65,17 @@ def without_locations(node, path: str = ""):
     """A copy of a nested dict without the LOCATION_KEYS entries."""
     if not isinstance(node, dict):
         return node
-    return {key: without_locations(value, f"{path}{key}.") for key, value in node.items()
-            if not f"{path}{key}".endswith(LOCATION_KEYS)}
+    return {
+        key: without_locations(value, f"{path}{key}.")
+        for key, value in node.items()
+        if not f"{path}{key}".endswith(LOCATION_KEYS)
+    }
+
+
+METHOD_INPUT_KEYS = ("eagle",)
+"""Nodes of the model config that only a method's drafter reads, through an interpolation in the method node
+(``method.drafter.head: ${model.eagle}``): they enter the digest there, resolved, and are left out of the
+model node, so adding one to a model config keeps the digests of every other method's stored runs."""
 
 
 def config_digest(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> str:
@@ -64,6 +83,8 @@ def config_digest(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> 
     identity = without_locations(OmegaConf.to_container(cfg, resolve=True))
     for key in RUN_ONLY_KEYS:
         identity.pop(key, None)
+    for key in METHOD_INPUT_KEYS:
+        (identity.get("model") or {}).pop(key, None)
     identity.update(device=device.type, dtype=str(dtype))
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -87,13 +108,20 @@ def check_fits(sample: Sample, prompt_ids: list[int], max_new_tokens: int, conte
         raise ConfigError(
             f"sample {sample.sample_id}: prompt ({len(prompt_ids)} tokens) + max_new_tokens "
             f"({max_new_tokens}) exceeds the model's context length ({context_length}); lower "
-            f"max_new_tokens or set model.context_length if the model supports more")
+            f"max_new_tokens or set model.context_length if the model supports more"
+        )
 
 
 class Runner:
-    """Runs one configured benchmark into its output directory, resuming where it stopped."""
+    """Runs one configured benchmark into its output directory, resuming where it stopped.
 
-    def __init__(self, cfg: DictConfig):
+    ``run`` is the whole job (the CLI). A benchmark suite drives several runners in one process on
+    one loaded model (``lm``) through the same steps: ``open``, ``start_engine``, ``run_sample`` per
+    sample (interleaved across runners), ``finish``; so every number comes from the same records.
+    ``bench`` (suite, session, entry, baseline) is recorded in the summary for the report's pairing.
+    """
+
+    def __init__(self, cfg: DictConfig, lm: LoadedModel | None = None, bench: dict | None = None):
         validate(cfg)
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
@@ -106,8 +134,9 @@ class Runner:
         self.samples = self.dataset.samples(cfg.limit)
         self.dataset_info = self.dataset.describe()
         self.environment = environment.capture(self.device, self.dtype)
-        self.lm: LoadedModel | None = None
-        self.engine = None
+        self.bench = bench
+        self.lm = lm
+        self.engine: Engine | None = None
         self.peak_memory = (self.store.previous_summary or {}).get("peak_memory")
 
     @staticmethod
@@ -120,51 +149,73 @@ class Runner:
         if not pending and (self.store.previous_summary or {}).get("status") == "complete":
             print(f"[specbench] {self.store.dir} is complete ({len(self.samples)} sample(s)); nothing to run")
             return self.store.dir  # NOTE: no model load, and the stored files stay byte for byte
-        self.store.write_config(OmegaConf.to_yaml(self.cfg, resolve=True))
         if len(pending) < len(self.samples):
-            print(f"[specbench] resuming {self.store.dir}: {len(self.samples) - len(pending)} "
-                  f"sample(s) already done, {len(pending)} to go")
-        self.lm = load_model(self.cfg.model, self.device, self.dtype)
+            print(
+                f"[specbench] resuming {self.store.dir}: {len(self.samples) - len(pending)} "
+                f"sample(s) already done, {len(pending)} to go"
+            )
+        self.open()
         status = "failed"
         try:
-            if pending:
-                self._warm_up(pending[0])
-            self.engine = build_engine(self.cfg.method, self.lm, self.sampling, self.cfg.step_breakdown)
+            self.start_engine(pending[0] if pending else None)
             self._run_samples(pending)
             status = "complete"
         except KeyboardInterrupt:
             status = "interrupted"
             raise
         finally:
-            self.store.write_summary(self.summary(status))
+            self.finish(status)
         return self.store.dir
 
-    def _warm_up(self, sample: Sample) -> None:
-        """Untimed generations on the first pending sample (kernels, allocator, caches).
+    def open(self) -> None:
+        """Store the resolved config beside the results and load the model unless one was given."""
+        self.store.write_config(OmegaConf.to_yaml(self.cfg, resolve=True))
+        if self.lm is None:
+            self.lm = load_model(self.cfg.model, self.device, self.dtype)
 
-        NOTE: they run on a throwaway engine, so drafters that learn across requests (tries,
+    def start_engine(self, first: Sample | None) -> None:
+        """Warm up on ``first`` (if any) with a throwaway engine, then build the measured engine.
+
+        NOTE: the warm-up runs on its own engine, so drafters that learn across requests (tries,
         context caches) start the timed run without the warm-up's output in their memory.
         """
-        if not self.cfg.warmup:
-            return
-        engine = build_engine(self.cfg.method, self.lm, self.sampling, self.cfg.step_breakdown)
-        prompt_ids = self._prompt(sample, [])
-        for _ in range(self.cfg.warmup):
-            with torch.inference_mode():
-                engine.generate(prompt_ids, self.cfg.max_new_tokens,
-                                sample_generator(self.cfg.seed, sample.sample_id))
+        if first is not None and self.cfg.warmup:
+            engine = build_engine(self.cfg.method, self.lm, self.sampling, self.cfg.step_breakdown)
+            prompt_ids = self._prompt(first, [])
+            for _ in range(self.cfg.warmup):
+                with torch.inference_mode():
+                    engine.generate(
+                        prompt_ids, self.cfg.max_new_tokens, sample_generator(self.cfg.seed, first.sample_id)
+                    )
+        self.engine = build_engine(self.cfg.method, self.lm, self.sampling, self.cfg.step_breakdown)
+
+    def run_sample(self, sample: Sample) -> list[dict]:
+        """Time every turn of one sample, append its records and refresh the summary; returns the records."""
+        environment.reset_peak_memory(self.device)
+        records = self._run_sample(sample)
+        self.store.append(records)
+        peak = environment.peak_memory(self.device)
+        if peak is not None and (self.peak_memory is None or peak["bytes"] > self.peak_memory["bytes"]):
+            self.peak_memory = peak
+        self.store.write_summary(self.summary("running"))
+        return records
+
+    def finish(self, status: str) -> None:
+        """Write the final summary with ``status`` (complete, interrupted or failed)."""
+        self.store.write_summary(self.summary(status))
 
     def _run_samples(self, pending: list[Sample]) -> None:
-        """Time each pending sample, append its records, refresh the summary; tqdm shows tokens/s."""
-        bar = tqdm(pending, desc=f"{self.cfg.method.name} on {self.dataset.name}", unit="sample",
-                   disable=not self.cfg.progress, file=sys.stderr)
+        """Run each pending sample; the tqdm bar shows tokens/s so far."""
+        bar = tqdm(
+            pending,
+            desc=f"{self.cfg.method.name} on {self.dataset.name}",
+            unit="sample",
+            disable=not self.cfg.progress,
+            file=sys.stderr,
+        )
         tokens = seconds = 0.0
-        environment.reset_peak_memory(self.device)
         for sample in bar:
-            records = self._run_sample(sample)
-            self.store.append(records)
-            self.peak_memory = environment.peak_memory(self.device)
-            self.store.write_summary(self.summary("running"))
+            records = self.run_sample(sample)
             tokens += sum(r["new_tokens"] for r in records)
             seconds += sum(r["wall_s"] for r in records)
             bar.set_postfix(tok_s=f"{tokens / seconds:.1f}" if seconds else "-")
@@ -197,8 +248,9 @@ class Runner:
             synchronize(self.device)
         return gen, time.perf_counter() - start
 
-    def _record(self, sample: Sample, turn: int, prompt_ids: list[int], gen: Generation,
-                wall: float, text: str) -> dict:
+    def _record(
+        self, sample: Sample, turn: int, prompt_ids: list[int], gen: Generation, wall: float, text: str
+    ) -> dict:
         """One samples.jsonl line (fields documented in specbench.schema)."""
         return {
             "schema": SCHEMA_VERSION,
@@ -253,4 +305,5 @@ class Runner:
             "device_map": self.lm.device_map if self.lm else None,
             "environment": self.environment,
             "config_digest": self.store.digest,
+            "bench": self.bench,
         }

@@ -38,13 +38,13 @@ SAMPLE_FIELDS: dict[str, str] = {
     "draft_tokens": "drafted nodes verified per step, root excluded (null for hf_generate)",
     "step_s": "wall time per step, device synchronized at its end (null for hf_generate)",
     "draft_s": "step breakdown (null unless step_breakdown is on; auto = on for CPU): time per step in "
-               "drafter.propose and in laying the tree out for the forward (tokens, positions, mask)",
+    "drafter.propose and in laying the tree out for the forward (tokens, positions, mask)",
     "verify_s": "step breakdown: time per step in the target verify forward; step_s - verify_s is the "
-                "method's overhead (drafting, acceptance, cache bookkeeping). Always present in "
-                "specbench.samples/1 records (then null only for hf_generate)",
+    "method's overhead (drafting, acceptance, cache bookkeeping). Always present in "
+    "specbench.samples/1 records (then null only for hf_generate)",
     "accept_s": "step breakdown: time per step in the acceptance rule and the KV-cache compaction",
     "update_s": "step breakdown: time per step in drafter.observe (pools, tries, draft caches) and in "
-                "freeing the step's trees and logits",
+    "freeing the step's trees and logits",
     "stop_reason": "'eos' or 'max_new_tokens'",
     "drafter_stats": "the drafter's stats() after this turn (pool sizes, hit rates, ...)",
 }
@@ -57,7 +57,7 @@ SUMMARY_FIELDS: dict[str, str] = {
     "method": "method config name",
     "dataset": "dataset config name",
     "dataset_info": "Dataset.describe(): source (local:PATH, package, hub:ID), variant (e.g. MBPP "
-                    "full/sanitized), counts, sampler and seed",
+    "full/sanitized), counts, sampler and seed",
     "prompt_format": "prompt format actually used (chat, raw, vicuna, llama2)",
     "lossless": "whether the method's output distribution equals the target's",
     "hyperparameters": "resolved method node (the drafter's knobs)",
@@ -71,11 +71,16 @@ SUMMARY_FIELDS: dict[str, str] = {
     "started_at": "ISO time the first writer started; updated_at: time of the last write",
     "ended_at": "ISO time the latest writer stopped (null while running)",
     "metrics": "aggregates: see specbench.metrics.aggregate",
-    "peak_memory": "{kind, bytes} over the timed samples of the latest writer: 'cuda_max_allocated' "
-                   "(torch's allocator peak, summed over the GPUs) on GPU, 'process_peak_rss' (Linux VmHWM) on CPU; null if unreadable",
+    "peak_memory": "{kind, bytes}: the largest per-sample peak over the timed samples of every writer "
+    "(reset before each sample): 'cuda_max_allocated' (torch's allocator peak, summed over "
+    "the GPUs) on GPU, 'process_peak_rss' (Linux VmHWM) on CPU; null if unreadable",
     "device_map": "module -> device where model.device_map placed the target (null: all on `device`)",
     "environment": "device, CPU, library versions, dtype, git commit and dirty flag",
     "config_digest": "sha256 of the result-determining config (see runner.config_digest)",
+    "bench": "for runs written by a benchmark suite (python -m specbench.bench): {suite, session, entry, "
+    "baseline, index}: the suite, its session folder, this run's entry label, the baseline entry's "
+    "label (the report pairs the run with it) and the entry's position in the suite; absent or "
+    "null for ordinary runs",
 }
 
 
@@ -98,4 +103,4 @@ def validate_record(record: dict) -> None:
 
 def upgrade_record(record: dict) -> dict:
     """A valid record in the current layout: fields added since its schema are null (not measured)."""
-    return {**{name: None for name in ADDED_FIELDS.get(record["schema"], ())}, **record}
+    return {**dict.fromkeys(ADDED_FIELDS.get(record["schema"], ())), **record}

@@ -1,4 +1,5 @@
-"""Helpers shared by tests: exact target joints, sampled output counts, chi-square goodness of fit, draws without replacement."""
+"""Helpers shared by tests: exact target joints, sampled output counts, chi-square goodness of fit, draws
+without replacement, the method configs."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import math
 from collections import Counter
 
 import torch
+from omegaconf import OmegaConf
 
+from specbench.config import CONF_DIR, group_options
 from specbench.core.acceptance import Sampling, target_probs
 
 
@@ -81,3 +84,12 @@ def draw_without_replacement(probs: torch.Tensor, k: int, generator: torch.Gener
     """
     k = min(k, int((probs > 0).sum()))
     return torch.multinomial(probs, k, replacement=False, generator=generator).tolist()
+
+
+def method_options(engine: str | None = None) -> list[str]:
+    """The method configs of ``conf/method`` (those run by ``engine`` only, when given), so a new method
+    is tested without anyone adding it to a hand-kept list."""
+    names = group_options("method")
+    if engine is None:
+        return names
+    return [name for name in names if OmegaConf.load(CONF_DIR / "method" / f"{name}.yaml").get("engine") == engine]

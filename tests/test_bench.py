@@ -1,4 +1,4 @@
-"""The benchmark-suite runner: one process, same prompts, ratios vs the baseline, results never overwritten."""
+"""Benchmark suites: one process, same prompts, ordinary run folders compared by the report, never overwritten."""
 
 from __future__ import annotations
 
@@ -7,25 +7,65 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from specbench import bench
+from specbench import bench, report
 from specbench.errors import ConfigError
 
 
-def test_smoke_suite_runs_and_writes_a_new_file_each_time(tmp_path, shared_data, capsys):
-    """AR vs HF generate on the tiny model: identical outputs, speedup 1 for the baseline, two files."""
+def test_smoke_suite_writes_ordinary_run_folders_and_prints_the_reports_table(tmp_path, shared_data, capsys):
+    """AR vs HF generate on the tiny model: one run folder per entry, paired with the baseline entry by
+    the report, identical greedy outputs; a second call writes a second session, never over the first."""
     args = ["smoke", "--out", str(tmp_path), f"data_dir={shared_data}"]
     assert bench.main(args) == 0 and bench.main(args) == 0
-    files = sorted((tmp_path / "smoke").glob("*.json"))
-    assert len(files) == 2
-    payload = json.loads(files[0].read_text())
-    rows = {row["label"]: row for row in payload["rows"]}
-    assert set(rows) == {"ar", "hf_generate", "ar seed=1", "ar seed=2"}
-    assert rows["ar"]["speedup"] == 1.0 and rows["ar"]["overhead"] == 1.0
-    assert all(row["exact_match_rate"] == 1.0 for row in rows.values())  # greedy: seeds change nothing
-    assert rows["hf_generate"]["overhead"] is None  # HF generate has no per-step timing
-    assert payload["entries"]["ar seed=2"]["overrides"] == ["method=ar", "seed=2"]
-    assert len(payload["records"]["ar"]) == 2 and payload["environment"]["torch_threads"] >= 1
+    sessions = sorted((tmp_path / "smoke").iterdir())
+    assert len(sessions) == 2
+    folders = sorted(path.parent.relative_to(sessions[0]).as_posix() for path in sessions[0].rglob("summary.json"))
+    assert folders == ["ar/r0", "ar_seed=1/r0", "ar_seed=2/r0", "hf_generate/r0"]
+    summary = json.loads((sessions[0] / "ar_seed=2" / "r0" / "summary.json").read_text())
+    assert summary["bench"] == {"suite": "smoke", "session": sessions[0].name, "entry": "ar seed=2",
+                                "baseline": "ar", "index": 3}
+    assert summary["status"] == "complete" and summary["sampling"]["seed"] == 2 and summary["n_samples"] == 2
+    assert summary["environment"]["torch_threads"] >= 1
+    rows = report.table([sessions[0]], repeats=True, view="steps").set_index("entry")
+    assert list(rows.index) == ["ar", "hf_generate", "ar seed=1", "ar seed=2"]  # suite order
+    assert rows.loc["ar", "speedup"] == 1.0 and rows.loc["ar", "overhead"] == 1.0
+    assert (rows["exact_match_rate"] == 1.0).all()  # greedy: seeds change nothing
+    assert rows["overhead"].isna()["hf_generate"]  # HF generate has no per-step timing
     assert "tok/step" in capsys.readouterr().out
+
+
+def test_rounds_are_repeats_paired_round_by_round(tmp_path, shared_data):
+    """--rounds 2: two repeats per entry; the report merges them into one row over 4 generations."""
+    assert bench.main(["smoke", "--rounds", "2", "--limit", "1", "--out", str(tmp_path), f"data_dir={shared_data}",
+                       "max_new_tokens=4"]) == 0
+    session = next((tmp_path / "smoke").iterdir())
+    assert sorted(p.name for p in (session / "ar").iterdir()) == ["r0", "r1"]
+    runs, samples = report.load([session], repeats=True)
+    assert set(runs["n_records"]) == {2} and set(runs["repeat"]) == {"all"}
+    pairs = report.paired_samples(runs, samples)
+    assert pairs.groupby(["run_dir", "repeat"]).size().tolist() == [1] * 2 * len(runs)  # one per run and round
+    ar_wall = {record["repeat"]: record["wall_s"] for record in samples[samples["entry"] == "ar"].to_dict("records")}
+    assert all(row["ar_wall_s"] == ar_wall[row["repeat"]] for row in pairs.to_dict("records"))  # same round's AR
+
+
+def test_old_single_json_results_convert_to_run_folders(tmp_path):
+    """A results file of the earlier format becomes a session of run folders the report reads alike."""
+    record = {"round": 0, "sample_id": "HumanEval/0", "new_tokens": 3, "wall_s": 0.3, "prefill_s": 0.1,
+              "target_forwards": 2, "draft_tokens": [0, 0], "step_s": [0.1, 0.1], "verify_s": [0.09, 0.09],
+              "output_ids": [5, 6, 7], "drafter_stats": {}}
+    entry = {"overrides": ["method=ar"], "method": {"name": "ar", "engine": "loop", "lossless": True}}
+    payload = {"suite": "toy", "model": "m", "dataset": "humaneval", "prompts": 1, "rounds": 1,
+               "max_new_tokens": 3, "temperature": 0.0, "environment": {"device_name": "cpu", "dtype": "float32"},
+               "rows": [{"label": "ar", "speedup": 1.0}, {"label": "ar seed=1", "speedup": 0.9}],
+               "entries": {"ar": entry, "ar seed=1": {**entry, "overrides": ["method=ar", "seed=1"]}},
+               "records": {"ar": [record], "ar seed=1": [{**record, "wall_s": 0.6}]}}
+    old = tmp_path / "m_cpu_float32_20261121T144653Z.json"
+    old.write_text(json.dumps(payload))
+    assert bench.main(["--convert", str(old), "--out", str(tmp_path / "out")]) == 0
+    session = tmp_path / "out" / "toy" / old.stem
+    rows = report.table([session], repeats=True, view="steps").set_index("entry")
+    assert rows.loc["ar seed=1", "speedup"] == pytest.approx(0.5) and rows.loc["ar seed=1", "exact_match_rate"] == 1
+    summary = json.loads((session / "ar_seed=1" / "r0" / "summary.json").read_text())
+    assert summary["converted_from"] == old.name and summary["started_at"] == "2026-11-21T14:46:53+00:00"
 
 
 def test_unknown_suite_lists_the_valid_ones(capsys):

@@ -15,10 +15,10 @@ from specbench.drafters.ar import NoDraft
 from specbench.errors import ConfigError
 from specbench.models.loading import DEVICE_MAP_MODES, build_tiny_llama, load_model
 from tests.conftest import ROOT
+from tests.helpers import method_options
 from tests.test_loop import RandomTreeDrafter
 
 CPU = torch.device("cpu")
-GPU_METHODS = ["ar", "hf_generate", "pld", "anpd", "lookahead", "lade", "self_draft", "spede", "opt_tree", "medusa"]
 
 
 def load_tiny(*overrides: str):
@@ -89,12 +89,19 @@ def test_llama2_7b_random_has_llama2_7b_shape():
     assert model_cfg.medusa.source == "random" and model_cfg.medusa.num_heads == 5
 
 
+def implementation(method_cfg) -> str:
+    """What runs a method: its drafter class on the shared loop, else its engine (HF generate)."""
+    return method_cfg.drafter._target_ if method_cfg.engine == "loop" else method_cfg.engine
+
+
 def test_gpu_suite_composes_every_method():
-    """conf/bench/all_methods.yaml as gpu_check.sh runs it: ten methods, 7B shape, float16 on CUDA, Self-Draft w/o corpus."""
+    """conf/bench/all_methods.yaml as gpu_check.sh runs it: every method of conf/method (each drafter class
+    and engine at least once), 7B shape, float16 on CUDA, Self-Draft w/o corpus."""
     suite = bench.load_suite("all_methods")
     args = bench.parse_args(["all_methods", "model=llama2_7b_random", "--device", "cuda", "--dtype", "float16"])
     configs = bench.entry_configs(suite, bench.expand_entries(suite), args)
-    assert list(configs) == GPU_METHODS
+    every = {implementation(compose_config(f"method={name}").method) for name in method_options()}
+    assert every - {implementation(cfg.method) for cfg in configs.values()} == set()
     assert all(cfg.method.name == label for label, cfg in configs.items())
     first = configs["ar"]
     assert (first.model.name, first.device, first.dtype, first.max_new_tokens) == \

@@ -9,7 +9,7 @@ from specbench.core.acceptance import Sampling
 from specbench.core.loop import Decoder, clip_emitted
 from specbench.core.tree import DraftTree
 from specbench.drafters.ar import NoDraft
-from specbench.drafters.base import Drafter
+from specbench.core.drafter import Drafter
 from specbench.errors import ConfigError
 from tests.helpers import exact_joint, pearson_statistic, sampled_outputs
 
@@ -31,6 +31,7 @@ class RandomTreeDrafter(Drafter):
     """Proposes random trees that sometimes contain the true continuation (to test losslessness)."""
 
     def __init__(self, truth: list[int], vocab: int, seed: int):
+        super().__init__()
         self.truth, self.vocab, self.rng = truth, vocab, random.Random(seed)
 
     def propose(self, ctx):

@@ -30,6 +30,8 @@ from specbench.structures.medusa_tree import (
     checked_paths,
     dense_paths,
     expected_accepted,
+    published_tree,
+    published_trees,
     sparse_paths,
 )
 from tests.test_loop import ar_greedy
@@ -226,16 +228,66 @@ def test_tree_settings():
     cfg = OmegaConf.create({"kind": "sparse", "node_budget": 4, "sizes": [3, 2]})
     paths, source = tree_paths(cfg, [[0.6, 0.3], [0.5, 0.1]], 2)
     assert source == "sparse" and paths == [(0,), (1,), (0, 0), (1, 0)]  # values .6 .3 .3 .15
-    paths, source = tree_paths(cfg, None, 5)  # published heads: no calibration table -> dense sizes
-    assert source == "dense" and len(paths) == 3 + 3 * 2
+    with pytest.raises(ConfigError, match="model.medusa.tree=<name>.*tree.kind=dense.*train medusa"):
+        tree_paths(cfg, None, 5)  # no calibration table and no published tree: an error naming the ways out
+    paths, source = tree_paths(cfg, None, 5, "mc_sim_7b_63")  # published heads: the first 4 published paths
+    assert source == "sparse:mc_sim_7b_63[:4]" and paths == [(0,), (1,), (0, 0), (0, 1)]
+    dense = tree_paths(OmegaConf.create({"kind": "dense", "sizes": [3, 2]}), None, 5)
+    assert dense[1] == "dense" and len(dense[0]) == 3 + 3 * 2
     listed = OmegaConf.create({"kind": "choices", "choices": [[0], [0, 0], [1]]})
     assert tree_paths(listed, None, 2) == ([(0,), (1,), (0, 0)], "choices")
+    named = tree_paths(OmegaConf.create({"kind": "choices", "choices": "vicuna_33b_stage1"}), None, 5)
+    assert named[1] == "choices:vicuna_33b_stage1" and len(named[0]) == 63
+    with pytest.raises(ConfigError, match="no published Medusa tree named"):
+        tree_paths(OmegaConf.create({"kind": "choices", "choices": "mc_sim_7b_64"}), None, 2)
     with pytest.raises(ConfigError, match="list rank paths"):
-        tree_paths(OmegaConf.create({"kind": "choices", "choices": "mc_sim_7b_63"}), None, 2)
+        tree_paths(OmegaConf.create({"kind": "choices", "choices": None}), None, 2)
     with pytest.raises(ConfigError, match="kind"):
         tree_paths(OmegaConf.create({"kind": "bushy"}), None, 2)
     with pytest.raises(ConfigError, match="max_depth"):
         tree_paths(OmegaConf.create({"kind": "dense", "sizes": [2], "max_depth": 3}), None, 2)
+
+
+def test_published_trees_are_63_node_prefix_closed_trees_in_greedy_order():
+    """The shipped trees: 63 distinct nodes each, and every prefix of the published order is a tree (a parent
+    precedes its children), so the first n paths are the authors' sparse tree of n nodes."""
+    names = published_trees()
+    assert {"mc_sim_7b_63", "vicuna_7b_stage2", "vicuna_13b_stage2", "vicuna_33b_stage2", "zephyr_stage2"} <= set(names)
+    for name in names:
+        paths = published_tree(name)
+        assert len(paths) == len(set(paths)) == 63, name
+        assert all(len(path) == 1 or path[:-1] in paths[:i] for i, path in enumerate(paths)), name
+        assert max(map(len, paths)) == (3 if name == "vicuna_33b_stage1" else 4), name
+        assert checked_paths(paths, 4 if name != "vicuna_33b_stage1" else 3) == sorted(paths, key=lambda p: (len(p), p))
+    assert published_tree("mc_sim_7b_63")[:6] == ((0,), (0, 0), (1,), (0, 1), (2,), (0, 0, 0))
+
+
+def test_sparse_budget_beyond_the_published_tree_is_an_error():
+    cfg = OmegaConf.create({"kind": "sparse", "node_budget": 128})
+    with pytest.raises(ConfigError, match="has 63 nodes.*calibration table"):
+        tree_paths(cfg, None, 5, "vicuna_7b_stage2")
+    # a calibration table still builds any budget (our trained heads)
+    paths, source = tree_paths(cfg, [[0.6 * 0.5 ** r for r in range(10)]] * 4, 4, "vicuna_7b_stage2")
+    assert source == "sparse" and len(paths) == 128
+
+
+@pytest.mark.parametrize("model,tree", [("vicuna_7b", "mc_sim_7b_63"), ("vicuna_13b", "mc_sim_7b_63"),
+                                        ("vicuna_33b", "mc_sim_7b_63"), ("medusa2_vicuna_7b", "vicuna_7b_stage2"),
+                                        ("medusa2_vicuna_13b", "vicuna_13b_stage2"),
+                                        ("medusa2_vicuna_33b", "vicuna_33b_stage2"),
+                                        ("medusa2_zephyr_7b", "zephyr_stage2")])
+def test_model_configs_name_their_published_tree(model, tree):
+    """Every config of published heads names a published tree, so tree.kind=sparse never lacks one; Medusa-2
+    configs load backbone and heads from one checkpoint and say which model they change."""
+    from specbench.config import compose_config
+
+    cfg = compose_config(f"model={model}", "method=medusa")
+    heads = cfg.method.drafter.heads
+    assert heads.tree == tree and tree in published_trees() and cfg.method.drafter.tree.kind == "sparse"
+    if model.startswith("medusa2_"):
+        assert heads.path == cfg.model.path and cfg.model.changes_target
+        moved = compose_config(f"model={model}", "method=medusa", "model.path=/local/copy").method.drafter.heads
+        assert moved.path == "/local/copy"
 
 
 # ----------------------------------------------------------------------------------------- drafter
@@ -286,7 +338,7 @@ def test_greedy_medusa_equals_ar_tiny(tiny, seed):
     rule = "speculative" if seed == 1 else "match"  # multi-candidate rejection with one-hot drafts
     assert decode(tiny, drafter, prompt, 40, rule=rule).output_ids == truth
     stats = drafter.stats()
-    assert stats["tree_nodes"] == 63 and stats["steps"] > 0 and stats["draft_s"] > 0
+    assert stats["tree_nodes"] == 63 and stats["steps"] > 0 and stats["heads_s"] > 0
     assert len(stats["head_top1_acc"]) == 4 and stats["heads"] == f"random(seed={seed})"
 
 

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from specbench.core.acceptance import Sampling
 from specbench.core.loop import Decoder
 from specbench.core.rules import acceptance_rule
-from specbench.drafters.base import DecodeContext
+from specbench.core.drafter import DecodeContext
 from specbench.drafters.opt_tree import FixedTree, OptTree, OptTreeBuilder
 from specbench.drafters.spede import SpeDe
 from specbench.errors import ConfigError

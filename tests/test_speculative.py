@@ -21,7 +21,7 @@ from specbench.core.loop import Decoder
 from specbench.core.rules import acceptance_rule
 from specbench.core.speculative import accept_speculative
 from specbench.core.tree import DraftTree
-from specbench.drafters.base import Drafter
+from specbench.core.drafter import Drafter
 from tests.helpers import chi_square, draw_without_replacement, exact_joint, sampled_outputs
 
 VOCAB = 5
@@ -174,7 +174,7 @@ def test_tree_speculative_sampling_without_replacement_is_exact(monkeypatch, bug
 
 @pytest.mark.parametrize("bug", [None, "drop_token"])
 def test_deterministic_multi_candidate_is_exact(monkeypatch, bug):
-    """(c) draft_probs None: one-hot multi-candidate rejection (ALGORITHMS 0.2b) over top-k tries."""
+    """(c) draft_probs None: one-hot multi-candidate rejection (docs/acceptance.md) over top-k tries."""
     if bug:
         monkeypatch.setattr(speculative, bug, keep_token)  # rejected tokens stay in the residual
     sampling = Sampling(temperature=1.2)
@@ -223,6 +223,7 @@ class RandomQDrafter(Drafter):
     """Draws a random q per node and its children from q without replacement (the loop's generator)."""
 
     def __init__(self, vocab: int, branching: list[int]):
+        super().__init__()
         self.vocab, self.branching = vocab, branching
 
     def propose(self, ctx):

@@ -8,12 +8,14 @@ import pytest
 import torch
 
 from specbench.errors import ConfigError, DataUnavailable
-from specbench.models.embedded import cache_root, embedded_checkpoint
+from specbench.models.embedded import embedded_checkpoint
+from specbench.paths import cache_root
 from specbench.train import __main__ as cli
 from specbench.train import selfdistill, sources
 from specbench.train.agreement import chain_steps
 from specbench.train.common import compose_train, load_target
-from specbench.train.draft import distilled_draft_dir, layer_plan, settings_digest
+from specbench.paths import distilled_draft_dir
+from specbench.train.draft import layer_plan, settings_digest
 
 TINY_DATA = ["model=tiny_llama", "device=cpu", "prompts.max_prompts=4", "prompts.max_new_tokens=6",
              "prompts.batch_size=3", "prompts.teacher_topk=5"]

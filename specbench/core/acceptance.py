@@ -67,8 +67,9 @@ def draw(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | 
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-def accept_match(tree: DraftTree, logits: torch.Tensor, sampling: Sampling,
-                 generator: torch.Generator | None = None) -> Acceptance:
+def accept_match(
+    tree: DraftTree, logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None = None
+) -> Acceptance:
     """Walk from the root, at each node pick the target's token and follow the child that holds it.
 
     Greedy (T=0): the pick is the argmax, giving the deepest path that matches the target's greedy
@@ -80,8 +81,10 @@ def accept_match(tree: DraftTree, logits: torch.Tensor, sampling: Sampling,
         pick = picks.__getitem__
     else:
         rows = logits.cpu()  # [num_nodes, vocab]
+
         def pick(node: int) -> int:
             return draw(rows[node], sampling, generator)
+
     children = tree.children()
     node, path = 0, [0]
     while True:

@@ -9,15 +9,24 @@ on where synchronization is free (CPU) and off on CUDA, where extra syncs would 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Protocol
 
 import torch
 
 from specbench.core.acceptance import Acceptance, Sampling, accept_match, draw
+from specbench.core.drafter import DecodeContext, Drafter
 from specbench.core.tree import DraftTree
-from specbench.core.verify import compact_cache, forward_tree, lay_out, new_cache, prefill
-from specbench.drafters.base import DecodeContext, Drafter
+from specbench.core.verify import (
+    compact_cache,
+    forward_tree,
+    lay_out,
+    new_cache,
+    prefill,
+    prefill_hidden,
+    prefill_with_tail,
+)
 from specbench.errors import ConfigError
 from specbench.schema import PHASES
 
@@ -46,6 +55,20 @@ class Generation:
     verify_s: list[float] | None = None  # the target verify forward
     accept_s: list[float] | None = None  # acceptance rule + KV-cache compaction
     update_s: list[float] | None = None  # drafter.observe, freeing the step's trees and logits
+
+
+class Engine(Protocol):
+    """What the runner times: the shared loop (``Decoder``) or a reference such as HF ``generate``."""
+
+    def generate(
+        self, prompt_ids: list[int], max_new_tokens: int, generator: torch.Generator | None = None
+    ) -> Generation:
+        """Generate up to ``max_new_tokens`` tokens after ``prompt_ids``."""
+        ...
+
+    def stats(self) -> dict[str, Any]:
+        """Method internals after the latest generation (the record's ``drafter_stats``)."""
+        ...
 
 
 def synchronize(device: torch.device) -> None:
@@ -83,7 +106,7 @@ class PhaseClock:
         self.laps[phase].append(now - self.last)
         self.last = now
 
-    def record(self, gen: "Generation") -> None:
+    def record(self, gen: Generation) -> None:
         """Store the laps in ``gen``'s ``<phase>_s`` fields (left None when off)."""
         for phase, laps in (self.laps or {}).items():
             setattr(gen, f"{phase}_s", laps)
@@ -102,8 +125,15 @@ def clip_emitted(tokens: list[int], eos_ids: frozenset[int], budget: int) -> tup
 class Decoder:
     """Runs the shared loop for one target model and one drafter."""
 
-    def __init__(self, model, drafter: Drafter, eos_ids: frozenset[int], sampling: Sampling,
-                 accept_fn: AcceptFn = accept_match, step_breakdown: bool | str = "auto"):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        drafter: Drafter,
+        eos_ids: frozenset[int],
+        sampling: Sampling,
+        accept_fn: AcceptFn = accept_match,
+        step_breakdown: bool | str = "auto",
+    ):
         self.model = model
         self.drafter = drafter
         self.eos_ids = eos_ids
@@ -111,19 +141,29 @@ class Decoder:
         self.accept_fn = accept_fn
         self.breakdown = breakdown_enabled(step_breakdown, model.device)
 
-    def generate(self, prompt_ids: list[int], max_new_tokens: int,
-                 generator: torch.Generator | None = None) -> Generation:
+    def generate(
+        self, prompt_ids: list[int], max_new_tokens: int, generator: torch.Generator | None = None
+    ) -> Generation:
         """Generate up to ``max_new_tokens`` tokens after ``prompt_ids``."""
         if max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if not prompt_ids:
             raise ConfigError("cannot generate from an empty prompt (0 tokens)")
         device = self.model.device
-        self.drafter.reset(list(prompt_ids))
+        self.drafter.start(list(prompt_ids))
         cache = new_cache(self.model, len(prompt_ids) + max_new_tokens + TREE_ROWS)
+        tail = self.drafter.prefill_tail(generator)
         synchronize(device)
         start = time.perf_counter()
-        first = draw(prefill(self.model, cache, torch.tensor(prompt_ids)), self.sampling, generator)
+        if tail:  # tokens a drafter runs after the prompt in the prefill (LADE's official window start)
+            logits, tail_logits = prefill_with_tail(self.model, cache, torch.tensor(prompt_ids), torch.tensor(tail))
+            self.drafter.observe_prefill(tail_logits)
+        elif self.drafter.wants_hidden:  # hidden states of every prompt row (EAGLE fills its draft cache)
+            logits, hidden = prefill_hidden(self.model, cache, torch.tensor(prompt_ids))
+            self.drafter.observe_prompt(hidden)
+        else:
+            logits = prefill(self.model, cache, torch.tensor(prompt_ids))
+        first = draw(logits, self.sampling, generator)
         synchronize(device)
         gen = Generation([first], time.perf_counter() - start, 0, "eos")
         tokens = [*prompt_ids, first]
@@ -148,7 +188,7 @@ class Decoder:
         gen.stop_reason = stop
         return gen
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """The drafter's internals after the latest generation."""
         return self.drafter.stats()
 

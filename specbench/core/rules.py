@@ -36,8 +36,10 @@ def acceptance_rule(name: str, kwargs: dict | None = None):
     allowed = [p for p in inspect.signature(rule).parameters if p not in fixed]
     unknown = sorted(set(kwargs) - set(allowed))
     if unknown:
-        raise ConfigError(f"method.acceptance_kwargs {unknown} not accepted by rule {name!r}; "
-                          f"it takes {allowed or 'no keyword arguments'}")
+        raise ConfigError(
+            f"method.acceptance_kwargs {unknown} not accepted by rule {name!r}; "
+            f"it takes {allowed or 'no keyword arguments'}"
+        )
     if name in KWARG_CHECKS:
         bound = inspect.signature(rule).bind_partial(**kwargs)
         bound.apply_defaults()

@@ -18,7 +18,7 @@ try ``c_j`` in order and accept it with ``min(1, r_{j-1}(c_j) / q_{j-1}(c_j))``;
 continue at ``c_j`` with ``p(.|c_j)`` and its own draft row. A chain (one child per node) is classic
 speculative sampling (Leviathan/Chen); a leaf emits the bonus from ``p``. With one-hot drafts
 ``min(1, r/q) = r(c_j)`` and ``max(0, r - q)`` is ``r`` with ``c_j`` zeroed: LADE/Self-Draft/SpecInfer
-multi-candidate rejection (ALGORITHMS 0.2b).
+multi-candidate rejection (docs/acceptance.md#multi-candidate-rejection).
 
 Why it is exact (by induction from the last child): claim: once ``c_1..c_{j-1}`` are rejected, the
 token emitted at ``u`` is distributed as ``r_{j-1}`` whatever ``c_1..c_{j-1}`` were. It holds after the
@@ -36,7 +36,7 @@ sample of ``p`` given the emitted prefix.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -44,8 +44,9 @@ from specbench.core.acceptance import Acceptance, Sampling, accept_match, target
 from specbench.core.tree import DraftTree
 
 
-def accept_speculative(tree: DraftTree, logits: torch.Tensor, sampling: Sampling,
-                       generator: torch.Generator | None = None) -> Acceptance:
+def accept_speculative(
+    tree: DraftTree, logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None = None
+) -> Acceptance:
     """Lossless multi-candidate speculative sampling over ``tree`` (see the module docstring).
 
     Greedy (T=0) is ``accept_match``'s argmax walk.
@@ -55,8 +56,12 @@ def accept_speculative(tree: DraftTree, logits: torch.Tensor, sampling: Sampling
     return speculative_walk(tree, logits, lambda row: target_probs(row, sampling), generator)
 
 
-def speculative_walk(tree: DraftTree, logits: torch.Tensor, warp: Callable[[torch.Tensor], torch.Tensor],
-                     generator: torch.Generator | None) -> Acceptance:
+def speculative_walk(
+    tree: DraftTree,
+    logits: torch.Tensor,
+    warp: Callable[[torch.Tensor], torch.Tensor],
+    generator: torch.Generator | None,
+) -> Acceptance:
     """Recursive rejection from the root down; ``warp`` maps a logits row [vocab] to the target law.
 
     Exact for the law ``warp`` defines (the target's for ``accept_speculative``).
@@ -77,8 +82,9 @@ def speculative_walk(tree: DraftTree, logits: torch.Tensor, warp: Callable[[torc
         path.append(node)
 
 
-def verify_children(target: torch.Tensor, draft: torch.Tensor | None, kids: list[int],
-                    tokens: list[int], coins: list[float]) -> tuple[int | None, torch.Tensor]:
+def verify_children(
+    target: torch.Tensor, draft: torch.Tensor | None, kids: list[int], tokens: list[int], coins: list[float]
+) -> tuple[int | None, torch.Tensor]:
     """Recursive rejection at one node: (accepted child, _) or (None, residual weights [vocab] to sample).
 
     ``draft`` None means one-hot drafts; then a rejection only zeroes one weight (O(1), so wide n-gram
@@ -89,8 +95,10 @@ def verify_children(target: torch.Tensor, draft: torch.Tensor | None, kids: list
     if draft is not None:
         draft, draft_mass = draft.clone(), float(draft.sum())  # [vocab] weights of q, and their total
         if kids and not draft_mass > 0:
-            raise ValueError("draft_probs has an empty row at a node with children; "
-                             "it must hold the law the children were drawn from")
+            raise ValueError(
+                "draft_probs has an empty row at a node with children; "
+                "it must hold the law the children were drawn from"
+            )
     for child in kids:
         token = tokens[child]
         q_token = 1.0 if draft is None else float(draft[token]) / draft_mass

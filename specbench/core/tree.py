@@ -37,8 +37,10 @@ class AuxBlock:
     def __post_init__(self) -> None:
         m = self.tokens.numel()
         if self.pos_offsets.shape != (m,) or self.mask.shape != (m, m):
-            raise ValueError(f"AuxBlock shapes disagree: tokens {m}, offsets "
-                             f"{tuple(self.pos_offsets.shape)}, mask {tuple(self.mask.shape)}")
+            raise ValueError(
+                f"AuxBlock shapes disagree: tokens {m}, offsets "
+                f"{tuple(self.pos_offsets.shape)}, mask {tuple(self.mask.shape)}"
+            )
 
     def __len__(self) -> int:
         return self.tokens.numel()
@@ -71,17 +73,17 @@ class DraftTree:
         return depths
 
     @classmethod
-    def root_only(cls, root: int) -> "DraftTree":
+    def root_only(cls, root: int) -> DraftTree:
         """The empty draft: verify just the root (one autoregressive step)."""
         return cls([root], [-1])
 
     @classmethod
-    def chain(cls, root: int, draft: list[int]) -> "DraftTree":
+    def chain(cls, root: int, draft: list[int]) -> DraftTree:
         """A single candidate continuation ``root -> draft[0] -> draft[1] ...``."""
         return cls([root, *draft], list(range(-1, len(draft))))
 
     @classmethod
-    def from_paths(cls, root: int, paths: list[list[int]]) -> "DraftTree":
+    def from_paths(cls, root: int, paths: list[list[int]]) -> DraftTree:
         """Merge candidate continuations into a trie (shared prefixes become shared nodes)."""
         tokens, parents = [root], [-1]
         children: dict[tuple[int, int], int] = {}
@@ -121,7 +123,7 @@ class DraftTree:
             node = self.parents[node]
         return path[::-1]
 
-    def pruned(self, max_depth: int) -> "DraftTree":
+    def pruned(self, max_depth: int) -> DraftTree:
         """The subtree of nodes at depth <= max_depth (keeps order and aux; drops draft_probs rows)."""
         if len(self.tokens) <= max_depth + 1:  # no node can be that deep
             return self

@@ -14,11 +14,11 @@ then top-p; with ``top_p: 1`` exactly Medusa's ``softmax(logits / T)``) and Medu
   target's ARGMAX at that node, as the official code does (its next root is ``argmax`` in fast mode).
   No random draw at all: outputs do not follow ``P_T``.
 - ``sampled`` (the non-fast path): an exact sample of the typical-truncated law ``P_T`` restricted to
-  ``{P_T >= threshold}`` (Medusa's filter), through multi-candidate rejection (ALGORITHMS 0.2b; with
-  the tree's ``draft_probs`` when it has them). The official code instead samples every candidate
-  path independently (shared prefixes are re-drawn per path, which accepts more and is not exact
-  even for the truncated law) and then draws a fresh truncated sample at the end node; both are
-  replaced here by the exact per-node rule.
+  ``{P_T >= threshold}`` (Medusa's filter), through multi-candidate rejection
+  (docs/acceptance.md#multi-candidate-rejection; with the tree's ``draft_probs`` when it has them).
+  The official code instead samples every candidate path independently (shared prefixes are re-drawn
+  per path, which accepts more and is not exact even for the truncated law) and then draws a fresh
+  truncated sample at the end node; both are replaced here by the exact per-node rule.
 
 Lossy in both modes: ``fast`` is a deterministic function of the logits; ``sampled`` never emits
 tokens below the threshold. At T = 0 (``sampling.greedy``) both are ``accept_match``'s greedy walk,
@@ -40,9 +40,15 @@ MODES = ("fast", "sampled")
 ENTROPY_EPS = 1e-5  # Medusa computes H with log(p + 1e-5)
 
 
-def accept_typical(tree: DraftTree, logits: torch.Tensor, sampling: Sampling,
-                   generator: torch.Generator | None = None, posterior_threshold: float = 0.09,
-                   posterior_alpha: float | None = None, mode: str = "fast") -> Acceptance:
+def accept_typical(
+    tree: DraftTree,
+    logits: torch.Tensor,
+    sampling: Sampling,
+    generator: torch.Generator | None = None,
+    posterior_threshold: float = 0.09,
+    posterior_alpha: float | None = None,
+    mode: str = "fast",
+) -> Acceptance:
     """Medusa typical acceptance (LOSSY; see the module docstring); greedy ``match`` at T = 0."""
     if posterior_alpha is None:
         posterior_alpha = math.sqrt(posterior_threshold)
@@ -50,8 +56,10 @@ def accept_typical(tree: DraftTree, logits: torch.Tensor, sampling: Sampling,
     if sampling.greedy:
         return accept_match(tree, logits, sampling, generator)
     if mode == "sampled":
+
         def warp(row: torch.Tensor) -> torch.Tensor:
             return typical_probs(row, sampling, posterior_threshold, posterior_alpha)
+
         return speculative_walk(tree, logits, warp, generator)
     end = deepest_typical_node(tree, logits, sampling, posterior_threshold, posterior_alpha)
     return Acceptance(tree.path_to(end), int(logits[end].argmax()))
@@ -74,8 +82,9 @@ def typical_threshold(probs: torch.Tensor, posterior_threshold: float, posterior
     return (posterior_alpha * torch.exp(-entropy)).clamp(max=posterior_threshold)
 
 
-def typical_probs(logits: torch.Tensor, sampling: Sampling, posterior_threshold: float,
-                  posterior_alpha: float) -> torch.Tensor:
+def typical_probs(
+    logits: torch.Tensor, sampling: Sampling, posterior_threshold: float, posterior_alpha: float
+) -> torch.Tensor:
     """The typical-truncated target [..., vocab]: ``P_T`` without tokens below the threshold, renormalised.
 
     The argmax is always kept (the threshold is capped at the row's maximum), so no row is empty.
@@ -87,8 +96,9 @@ def typical_probs(logits: torch.Tensor, sampling: Sampling, posterior_threshold:
     return kept / kept.sum(dim=-1, keepdim=True)
 
 
-def deepest_typical_node(tree: DraftTree, logits: torch.Tensor, sampling: Sampling,
-                         posterior_threshold: float, posterior_alpha: float) -> int:
+def deepest_typical_node(
+    tree: DraftTree, logits: torch.Tensor, sampling: Sampling, posterior_threshold: float, posterior_alpha: float
+) -> int:
     """The end of the longest all-typical path (ties: highest summed log-probability, lowest index).
 
     NOTE: breadth-first, one batched evaluation per depth over the accepted nodes that have children,

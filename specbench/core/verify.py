@@ -78,8 +78,10 @@ def new_cache(model, reserve: int = 0) -> DynamicCache:
     cache = DynamicCache(config=model.config)
     unsupported = {type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer}
     if unsupported:
-        raise ConfigError(f"{model.config.model_type} uses cache layers {sorted(unsupported)} (sliding-window "
-                          f"or recurrent); specbench's tree verifier needs full-attention KV caches")
+        raise ConfigError(
+            f"{model.config.model_type} uses cache layers {sorted(unsupported)} (sliding-window "
+            f"or recurrent); specbench's tree verifier needs full-attention KV caches"
+        )
     cache.layers = [ReservedLayer(reserve) for _ in cache.layers]
     return cache
 
@@ -94,8 +96,9 @@ def lay_out(model, cache: DynamicCache, tree: DraftTree) -> FlatPass:
     return flatten(tree, cache_length(cache), model.dtype, model.device)
 
 
-def forward_tree(model, cache: DynamicCache, tree: DraftTree, want_hidden: bool = False,
-                 flat: FlatPass | None = None) -> VerifyOutput:
+def forward_tree(
+    model, cache: DynamicCache, tree: DraftTree, want_hidden: bool = False, flat: FlatPass | None = None
+) -> VerifyOutput:
     """Run ONE target forward over ``tree`` (+ aux rows) on top of ``cache``; the cache grows by all rows.
 
     ``flat`` is the tree already laid out by ``lay_out`` (the loop times the layout apart from the forward).
@@ -122,6 +125,29 @@ def prefill(model, cache: DynamicCache, prompt_ids: torch.Tensor) -> torch.Tenso
     ids = prompt_ids.to(model.device)[None]  # [1, prompt_len]
     out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
     return out.logits[0, -1].float()
+
+
+def prefill_hidden(model, cache: DynamicCache, prompt_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``prefill`` that also returns the last hidden states of every prompt row (for drafters with
+    ``wants_hidden``): the last row's logits [vocab] (float32) and hidden [prompt_len, hidden]."""
+    ids = prompt_ids.to(model.device)[None]  # [1, prompt_len]
+    out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1, output_hidden_states=True)
+    return out.logits[0, -1].float(), out.hidden_states[-1][0]
+
+
+def prefill_with_tail(
+    model, cache: DynamicCache, prompt_ids: torch.Tensor, tail_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prefill with a drafter's ``tail`` riding after the prompt under the plain causal mask (LADE's
+    official window start); the cache keeps the prompt only. Returns the last prompt row's logits
+    [vocab] (the prompt rows never see the tail) and the tail's logits [tail_len, vocab] (float32).
+    """
+    prompt_len, tail_len = prompt_ids.numel(), tail_ids.numel()
+    ids = torch.cat([prompt_ids, tail_ids]).to(model.device)[None]  # [1, prompt_len + tail_len]
+    out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=tail_len + 1)
+    compact_cache(cache, prompt_len, [])  # drop the tail's KV rows
+    logits = out.logits[0].float()  # [tail_len + 1, vocab]
+    return logits[0], logits[1:]
 
 
 def compact_cache(cache: DynamicCache, past_len: int, kept_nodes: list[int]) -> None:

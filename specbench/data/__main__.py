@@ -21,6 +21,7 @@ from specbench.data.base import Dataset, Sample, build_dataset
 from specbench.errors import ConfigError, UserError
 from specbench.models.loading import load_tokenizer
 
+
 def dataset_names() -> list[str]:
     """Every dataset config in ``conf/dataset``."""
     return group_options("dataset")
@@ -59,9 +60,11 @@ def list_line(name: str, data_dir: str | None) -> str:
     except UserError as error:
         return f"{name:<11} unavailable: {error}"
     variant = f" [{info['variant']}]" if info["variant"] else ""
-    return (f"{name:<11} {len(samples):>5}  {info['source']}{variant}\n"
-            f"{'':<19}selection: {selection_text(info)}\n"
-            f"{'':<19}categories: {category_counts(samples)}")
+    return (
+        f"{name:<11} {len(samples):>5}  {info['source']}{variant}\n"
+        f"{'':<19}selection: {selection_text(info)}\n"
+        f"{'':<19}categories: {category_counts(samples)}"
+    )
 
 
 def list_datasets(data_dir: str | None) -> None:

@@ -14,7 +14,6 @@ subsampled to ``sample_size`` records with ``sample_seed`` by one of the papers'
 from __future__ import annotations
 
 import itertools
-
 import json
 import random
 from collections.abc import Callable
@@ -24,8 +23,15 @@ from typing import Any
 
 import numpy as np
 
-from specbench.data.prompts import (PROMPT_FORMATS, check_format, conversation, encode, prompt_text, raw_text,
-                                    resolve_format)
+from specbench.data.prompts import (
+    PROMPT_FORMATS,
+    check_format,
+    conversation,
+    encode,
+    prompt_text,
+    raw_text,
+    resolve_format,
+)
 from specbench.errors import ConfigError, DataUnavailable, UserError
 from specbench.hub import hub_reachable
 
@@ -74,7 +80,10 @@ def prefix(pool: list[int], n_records: int, size: int, seed: int) -> list[int]:
 
 
 SAMPLERS: dict[str, Callable[[list[int], int, int, int], list[int]]] = {
-    "random.sample": random_sample, "shuffle": hf_shuffle, "prefix": prefix}
+    "random.sample": random_sample,
+    "shuffle": hf_shuffle,
+    "prefix": prefix,
+}
 
 
 ORDERS = ("canonical", "round_robin")
@@ -90,7 +99,7 @@ def round_robin(samples: list[Sample]) -> list[Sample]:
     return [sample for column in columns for sample in column if sample is not None]
 
 
-def build_dataset(dataset_cfg, data_dir: str | None) -> "Dataset":
+def build_dataset(dataset_cfg, data_dir: str | None) -> Dataset:
     """Instantiate a ``conf/dataset`` node; a constructor's UserError surfaces as itself (one-line error).
 
     Hydra wraps a constructor's exception in ``InstantiationException``; re-raising the cause keeps
@@ -120,13 +129,21 @@ class Dataset:
     hub_id: str = ""
     hub_config: str | None = None
     hub_split: str = "test"
-    origin: str = ""                # where to get the file when it is not on the Hub (for the advice)
+    origin: str = ""  # where to get the file when it is not on the Hub (for the advice)
     sampler: str = "random.sample"  # the SAMPLERS key that draws sample_size records from the pool
-    variant: str | None = None      # which version of the data (e.g. MBPP full / sanitized), for describe()
+    variant: str | None = None  # which version of the data (e.g. MBPP full / sanitized), for describe()
 
-    def __init__(self, name: str, prompt_format: str = "auto", system_prompt: str | None = None,
-                 source: str = "auto", data_dir: str | None = None, sample_size: int | None = None,
-                 sample_seed: int = 0, order: str = "canonical"):
+    def __init__(
+        self,
+        name: str,
+        prompt_format: str = "auto",
+        system_prompt: str | None = None,
+        source: str = "auto",
+        data_dir: str | None = None,
+        sample_size: int | None = None,
+        sample_seed: int = 0,
+        order: str = "canonical",
+    ):
         check_format(prompt_format)
         if order not in ORDERS:
             raise ConfigError(f"dataset.order must be one of {ORDERS}; got {order!r}")
@@ -202,11 +219,16 @@ class Dataset:
         """Where the evaluated records came from and how they were chosen (for the run summary)."""
         selection = self.selection()
         subsampled = self.sample_size is not None
-        return {"source": self.resolved_source, "variant": self.variant,
-                "n_total": len(self.pool(self.records())), "n_selected": len(selection),
-                "sampler": self.sampler_used() if subsampled else None,
-                "sample_size": self.sample_size, "sample_seed": self.sample_seed if subsampled else None,
-                "order": self.order}
+        return {
+            "source": self.resolved_source,
+            "variant": self.variant,
+            "n_total": len(self.pool(self.records())),
+            "n_selected": len(selection),
+            "sampler": self.sampler_used() if subsampled else None,
+            "sample_size": self.sample_size,
+            "sample_seed": self.sample_seed if subsampled else None,
+            "order": self.order,
+        }
 
     # --- sources -------------------------------------------------------------------------------
 
@@ -261,9 +283,13 @@ class Dataset:
     def _advice(self, problem: str) -> str:
         """A DataUnavailable message: the problem, the remote source, and how to use a local copy."""
         config = f", config '{self.hub_config}'" if self.hub_config else ""
-        remote = (f"It loads from the Hub as '{self.hub_id}'{config}, split '{self.hub_split}' "
-                  f"(dataset.source=hub)" if self.hub_id
-                  else f"It is not on the Hugging Face Hub ({self.origin})")
-        return (f"Dataset '{self.name}' is unavailable: {problem}. {remote}; offline, put "
-                f"'{self.local_file}' in a folder and pass data_dir=FOLDER "
-                f"(or set SPECBENCH_DATA_DIR=FOLDER).")
+        remote = (
+            f"It loads from the Hub as '{self.hub_id}'{config}, split '{self.hub_split}' (dataset.source=hub)"
+            if self.hub_id
+            else f"It is not on the Hugging Face Hub ({self.origin})"
+        )
+        return (
+            f"Dataset '{self.name}' is unavailable: {problem}. {remote}; offline, put "
+            f"'{self.local_file}' in a folder and pass data_dir=FOLDER "
+            f"(or set SPECBENCH_DATA_DIR=FOLDER)."
+        )

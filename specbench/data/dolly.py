@@ -24,11 +24,15 @@ from specbench.data.base import Dataset, Sample
 from specbench.errors import ConfigError
 
 SPLITS = ("test", "dev")
-WITH_INPUT = ("Below is an instruction that describes a task, paired with an input that provides "
-              "further context. Write a response that appropriately completes the request.\n\n"
-              "### Instruction:\n{instruction}\n\n### Input:\n{context}\n\n### Response:")
-WITHOUT_INPUT = ("Below is an instruction that describes a task. Write a response that appropriately "
-                 "completes the request.\n\n### Instruction:\n{instruction}\n\n### Response:")
+WITH_INPUT = (
+    "Below is an instruction that describes a task, paired with an input that provides "
+    "further context. Write a response that appropriately completes the request.\n\n"
+    "### Instruction:\n{instruction}\n\n### Input:\n{context}\n\n### Response:"
+)
+WITHOUT_INPUT = (
+    "Below is an instruction that describes a task. Write a response that appropriately "
+    "completes the request.\n\n### Instruction:\n{instruction}\n\n### Response:"
+)
 
 
 class Dolly(Dataset):
@@ -75,6 +79,10 @@ class Dolly(Dataset):
         """Instruction (+ blank line + context) as the user turn; the reference response."""
         instruction, context = record["instruction"], record["context"]
         turn = f"{instruction}\n\n{context}" if context else instruction
-        return Sample(sample_id=f"dolly/{index}", turns=[turn], category=record["category"],
-                      reference=record["response"],
-                      meta={"instruction": instruction, "context": context})
+        return Sample(
+            sample_id=f"dolly/{index}",
+            turns=[turn],
+            category=record["category"],
+            reference=record["response"],
+            meta={"instruction": instruction, "context": context},
+        )

@@ -1,12 +1,17 @@
 """GSM8K test split (Cobbe et al. 2021) and GSM-100, Self-Draft's seeded 100-question sample.
 
 Self-Draft (AAAI-25): "We randomly sampled 100 questions from the test set and constructed GSM100";
-its code draws them with Python's ``random.sample`` seeded with 10 (ALGORITHMS.md 4.7): the
-``random.sample`` sampler with ``sample_seed=10``, ``sample_size=100`` (conf/dataset/gsm100.yaml).
+its code draws them with Python's ``random.sample`` seeded with 10
+(docs/methods/self_draft.md#evaluation-protocol-of-the-paper): the ``random.sample`` sampler with
+``sample_seed=10``, ``sample_size=100`` (conf/dataset/gsm100.yaml).
 The user turn is the question as written; the reference is the worked answer (ends in ``#### N``).
+``dev_answers()`` returns the worked answers of the TRAIN split (data_dir/gsm8k_train.jsonl, else the Hub):
+the Lookahead (PIA) README warms its trie up with the data that is not evaluated.
 """
 
 from __future__ import annotations
+
+import copy
 
 from specbench.data.base import Dataset, Sample
 
@@ -18,8 +23,14 @@ class GSM8K(Dataset):
     hub_id = "openai/gsm8k"
     hub_config = "main"
     hub_split = "test"
+    train_file = "gsm8k_train.jsonl"
+
+    def dev_answers(self) -> list[str]:
+        """The train split's worked answers (7,473 on the Hub), to warm up Lookahead's trie."""
+        train = copy.copy(self)
+        train.local_file, train.hub_split, train._records = self.train_file, "train", None
+        return [record["answer"] for record in train.records()]
 
     def to_sample(self, index: int, record: dict) -> Sample:
         """The question is the only turn; the id is the row in the test split."""
-        return Sample(sample_id=f"gsm8k/{index}", turns=[record["question"]],
-                      reference=record["answer"])
+        return Sample(sample_id=f"gsm8k/{index}", turns=[record["question"]], reference=record["answer"])

@@ -25,6 +25,9 @@ class HumanEval(Dataset):
             sample_id=record["task_id"],
             turns=[record["prompt"]],
             category=None,
-            reference={"test": record["test"], "entry_point": record["entry_point"],
-                       "canonical_solution": record["canonical_solution"]},
+            reference={
+                "test": record["test"],
+                "entry_point": record["entry_point"],
+                "canonical_solution": record["canonical_solution"],
+            },
         )

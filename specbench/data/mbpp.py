@@ -5,7 +5,8 @@ Two variants (``split_variant``):
 - ``full``: the original 974 problems; test = task_id 11-510 (500). Local ``mbpp.jsonl`` (all splits,
   filtered here) or Hub ``google-research-datasets/mbpp`` config ``full``, split ``test``. Fields
   ``text``, ``code``, ``test_list``, ``test_setup_code``, ``challenge_test_list``.
-- ``sanitized``: the hand-verified subset the Self-Draft paper sampled from (ALGORITHMS.md 4.7);
+- ``sanitized``: the hand-verified subset the Self-Draft paper sampled from
+  (docs/methods/self_draft.md#evaluation-protocol-of-the-paper);
   Hub config ``sanitized``, split ``test`` (257); fields ``prompt`` (instead of ``text``), ``code``,
   ``test_list``, ``test_imports``. It is not in the shared offline folder; a local copy in the Hub's
   fields may be saved as ``mbpp_sanitized.jsonl``.
@@ -21,8 +22,9 @@ from specbench.errors import ConfigError
 
 TEST_TASK_IDS = range(11, 511)
 VARIANT_FILES = {"full": "mbpp.jsonl", "sanitized": "mbpp_sanitized.jsonl"}
-TASK_TEMPLATE = ("You are an expert Python programmer, and here is your task: {text} "
-                 "Your code should pass these tests:\n\n{tests}")
+TASK_TEMPLATE = (
+    "You are an expert Python programmer, and here is your task: {text} Your code should pass these tests:\n\n{tests}"
+)
 
 
 def task_text(record: dict) -> str:
@@ -38,8 +40,7 @@ class MBPP(Dataset):
 
     def __init__(self, name: str, split_variant: str = "full", **kwargs):
         if split_variant not in VARIANT_FILES:
-            raise ConfigError(f"dataset.split_variant must be one of {tuple(VARIANT_FILES)}; "
-                              f"got {split_variant!r}")
+            raise ConfigError(f"dataset.split_variant must be one of {tuple(VARIANT_FILES)}; got {split_variant!r}")
         super().__init__(name, **kwargs)
         self.variant = split_variant
         self.local_file = VARIANT_FILES[split_variant]
@@ -52,6 +53,8 @@ class MBPP(Dataset):
     def to_sample(self, index: int, record: dict) -> Sample:
         """One problem, worded as in the MBPP paper; the id is its task_id."""
         tests = "\n".join(record["test_list"])
-        return Sample(sample_id=f"mbpp/{record['task_id']}",
-                      turns=[TASK_TEMPLATE.format(text=task_text(record), tests=tests)],
-                      reference={"code": record["code"], "test_list": record["test_list"]})
+        return Sample(
+            sample_id=f"mbpp/{record['task_id']}",
+            turns=[TASK_TEMPLATE.format(text=task_text(record), tests=tests)],
+            reference={"code": record["code"], "test_list": record["test_list"]},
+        )

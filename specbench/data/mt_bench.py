@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from specbench.data.base import Dataset, Sample
 
-MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem",
-                       "humanities")
+MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 FIRST_QUESTION_ID = 81
 
 
@@ -31,5 +30,9 @@ class MTBench(Dataset):
     def to_sample(self, index: int, record: dict) -> Sample:
         """Normalize local (``question_id``, ``turns``) and Hub (row order, ``prompt``) records."""
         question_id = record.get("question_id", FIRST_QUESTION_ID + index)
-        return Sample(sample_id=str(question_id), turns=question_turns(record),
-                      category=record["category"], reference=record.get("reference") or None)
+        return Sample(
+            sample_id=str(question_id),
+            turns=question_turns(record),
+            category=record["category"],
+            reference=record.get("reference") or None,
+        )

@@ -23,8 +23,10 @@ from __future__ import annotations
 from specbench.errors import ConfigError
 
 PROMPT_FORMATS = ("auto", "chat", "raw", "vicuna", "llama2")
-VICUNA_SYSTEM = ("A chat between a curious user and an artificial intelligence assistant. "
-                 "The assistant gives helpful, detailed, and polite answers to the user's questions.")
+VICUNA_SYSTEM = (
+    "A chat between a curious user and an artificial intelligence assistant. "
+    "The assistant gives helpful, detailed, and polite answers to the user's questions."
+)
 
 
 def conversation(system_prompt: str | None, turns: list[str], answers: list[str]) -> list[dict]:
@@ -48,8 +50,10 @@ def resolve_format(tokenizer, prompt_format: str) -> str:
     check_format(prompt_format)
     has_template = bool(getattr(tokenizer, "chat_template", None))
     if prompt_format == "chat" and not has_template:
-        raise ConfigError("this tokenizer has no chat template: run with dataset.prompt_format=raw "
-                          "(or auto, vicuna, llama2), or give model.chat_template")
+        raise ConfigError(
+            "this tokenizer has no chat template: run with dataset.prompt_format=raw "
+            "(or auto, vicuna, llama2), or give model.chat_template"
+        )
     if prompt_format == "auto":
         return "chat" if has_template else "raw"
     return prompt_format

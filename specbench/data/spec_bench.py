@@ -26,8 +26,10 @@ class SpecBench(MTBench):
 
     local_file = "spec_bench.jsonl"
     hub_id = ""
-    origin = ("download data/spec_bench/question.jsonl from https://github.com/hemingkx/Spec-Bench "
-              "and save it as spec_bench.jsonl")
+    origin = (
+        "download data/spec_bench/question.jsonl from https://github.com/hemingkx/Spec-Bench "
+        "and save it as spec_bench.jsonl"
+    )
 
     def to_sample(self, index: int, record: dict) -> Sample:
         """An MT-Bench-style sample whose category is the task group; the fine category goes to meta."""

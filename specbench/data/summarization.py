@@ -6,7 +6,7 @@ The local copies are only a prefix (CNN/DM, 200 rows) or a subset (XSum, 1,000 r
 so with a local copy the records are taken in file order (sampler ``prefix``, shown by
 ``describe()``), and ``n_selected`` may be below ``sample_size``.
 
-Prompts (ALGORITHMS.md 5.4):
+Prompts (docs/methods/anpd.md#evaluation-protocol-of-the-paper):
 
 - ``raw`` (base models, ANPD's 1-shot setting): ``Article: {shot}\\nSummary: {shot summary}\\n``
   followed by ``Article: {document}\\nSummary:``. The 1-shot example is a fixed record named by
@@ -67,8 +67,12 @@ class Summarization(Dataset):
     def to_sample(self, index: int, record: dict) -> Sample:
         """The instruction + document as the user turn; the reference summary; the document in meta."""
         document = record[self.document_field]
-        return Sample(sample_id=str(record["id"]), turns=[f"{self.instruction}\n\n{document}"],
-                      reference=record[self.summary_field], meta={"document": document})
+        return Sample(
+            sample_id=str(record["id"]),
+            turns=[f"{self.instruction}\n\n{document}"],
+            reference=record[self.summary_field],
+            meta={"document": document},
+        )
 
     def describe(self) -> dict:
         """The base description plus the 1-shot example's id."""

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from specbench.core.drafter import knob_choice
 from specbench.drafters.ngram_chain import NgramChainDrafter
-from specbench.errors import ConfigError
 from specbench.structures.ngram import MultiLevelNgram
 
 ON_MISS = ("stop", "pad")
@@ -17,14 +17,18 @@ class ANPD(NgramChainDrafter):
     slot with ``pad_id`` and keeps drafting, as the official class does with its dummy id "1".
     """
 
-    def __init__(self, max_ngram_size: int = 5, draft_len: int = 7, multi_level: bool = True,
-                 on_miss: str = "stop", pad_id: int = 1):
-        if on_miss not in ON_MISS:
-            raise ConfigError(f"method.drafter.on_miss must be one of {ON_MISS}, got {on_miss!r}")
+    def __init__(
+        self,
+        max_ngram_size: int = 5,
+        draft_len: int = 7,
+        multi_level: bool = True,
+        on_miss: str = "stop",
+        pad_id: int = 1,
+    ):
         self.max_ngram_size = max_ngram_size
         self.multi_level = bool(multi_level)
-        self.pad = pad_id if on_miss == "pad" else None
-        super().__init__(draft_len, "draft_len")
+        self.pad = pad_id if knob_choice("on_miss", on_miss, ON_MISS) == "pad" else None
+        super().__init__(draft_len, "draft_len", "K")
 
     def new_table(self) -> MultiLevelNgram:
         """An empty MLN with levels N..2 (or N alone)."""

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from specbench.core.drafter import DecodeContext, Drafter
 from specbench.core.tree import DraftTree
-from specbench.drafters.base import DecodeContext, Drafter
 
 
 class NoDraft(Drafter):
     """Autoregressive baseline on the shared loop: verify the root alone."""
 
     def propose(self, ctx: DecodeContext) -> DraftTree:
+        """The root alone: one ordinary autoregressive step."""
         return DraftTree.root_only(ctx.root)

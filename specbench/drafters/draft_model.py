@@ -15,18 +15,18 @@
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from specbench.core.acceptance import Acceptance, Sampling, target_probs
+from specbench.core.drafter import DecodeContext, Drafter
 from specbench.core.tree import DraftTree
 from specbench.core.verify import compact_cache, new_cache
-from specbench.drafters.base import DecodeContext, Drafter
 from specbench.errors import ConfigError, ModelUnavailable
 from specbench.models.loading import build_tiny_llama, eos_token_ids, load_pretrained
+from specbench.paths import distilled_draft_dir
 
 DRAFT_SOURCES = ("hub", "distilled", "tiny", "target")
 
@@ -47,13 +47,12 @@ def vocab_width(model) -> int:
 
 def distilled_dir(target_name: str) -> Path:
     """The distilled draft's directory for ``target_name``, or a ModelUnavailable saying how to train it."""
-    from specbench.train.draft import distilled_draft_dir
-
     directory = distilled_draft_dir(target_name)
     if not directory.is_dir():
         raise ModelUnavailable(
             f"no distilled draft model for {target_name} at {directory}; train it once with "
-            f"`python -m specbench.train draft model={target_name}` or set model.draft.path=<Hub id or dir>")
+            f"`python -m specbench.train draft model={target_name}` or set model.draft.path=<Hub id or dir>"
+        )
     return directory
 
 
@@ -78,8 +77,10 @@ def load_draft(cfg, target_name: str, target, tokenizer) -> LoadedDraft:
         draft_tokenizer = None
         location = f"tiny-random-llama(seed={tiny.get('seed')})"
     else:
-        raise ConfigError(f"this method needs a draft model but model {target_name} names none: set "
-                          f"model.draft.path=<Hub id or local dir> (a causal LM sharing the target's tokenizer)")
+        raise ConfigError(
+            f"this method needs a draft model but model {target_name} names none: set "
+            f"model.draft.path=<Hub id or local dir> (a causal LM sharing the target's tokenizer)"
+        )
     model = model.to(device=target.device, dtype=target.dtype).eval()
     check_vocab(model, draft_tokenizer, target, tokenizer, location)
     return LoadedDraft(model, draft_tokenizer, location)
@@ -95,25 +96,23 @@ def check_vocab(draft, draft_tokenizer, target, tokenizer, location: str) -> Non
     v_draft, v_target = vocab_width(draft), vocab_width(target)
     if draft_tokenizer is None or tokenizer is None:
         if v_draft != v_target:
-            raise ConfigError(f"draft {location} has {v_draft} token ids but the target has {v_target}, and "
-                              f"no tokenizer shows they agree; a draft must share the target's tokenizer")
+            raise ConfigError(
+                f"draft {location} has {v_draft} token ids but the target has {v_target}, and "
+                f"no tokenizer shows they agree; a draft must share the target's tokenizer"
+            )
         return
     shared = min(v_draft, v_target)
     target_vocab = tokenizer.get_vocab()
-    bad = [(token, i) for token, i in draft_tokenizer.get_vocab().items()
-           if i < shared and target_vocab.get(token) != i]
+    bad = [
+        (token, i) for token, i in draft_tokenizer.get_vocab().items() if i < shared and target_vocab.get(token) != i
+    ]
     if bad:
         token, i = bad[0]
-        raise ConfigError(f"draft {location} does not share the target's tokenizer: {len(bad)} of its ids "
-                          f"below {shared} mean other tokens (e.g. id {i} is {token!r} in the draft, "
-                          f"id {target_vocab.get(token)} in the target)")
-
-
-def positive_int(value, key: str, lowest: int = 1) -> int:
-    """``value`` if it is an integer >= ``lowest``, else a ConfigError naming ``method.drafter.<key>``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
-        raise ConfigError(f"method.drafter.{key} must be an integer >= {lowest}, got {value!r}")
-    return value
+        raise ConfigError(
+            f"draft {location} does not share the target's tokenizer: {len(bad)} of its ids "
+            f"below {shared} mean other tokens (e.g. id {i} is {token!r} in the draft, "
+            f"id {target_vocab.get(token)} in the target)"
+        )
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -260,14 +259,17 @@ class DraftLM:
 
 
 class DraftModelDrafter(Drafter):
-    """Base of the drafters that run a separate draft model: loading, timing and shared stats.
+    """Base of the drafters that run a separate draft model: loading and shared stats.
 
     Subclasses implement ``draft_tree`` (the tree to verify) and ``update`` (draft-cache rollback
     and any schedule). ``temperature``/``top_p`` are the run's sampling settings (the method configs
     interpolate them), used to warp the draft's distribution when drafts are sampled.
     """
 
+    COUNTERS = ("steps", "drafted", "accepted_tokens")
+
     def __init__(self, draft=None, target_name: str = "target", temperature: float = 0.0, top_p: float = 1.0):
+        super().__init__()
         self.draft_cfg = draft
         self.target_name = target_name
         self.sampling = Sampling(temperature, top_p)
@@ -275,7 +277,6 @@ class DraftModelDrafter(Drafter):
         self.lm: DraftLM | None = None
         self.draft_path = None
         self.eos_ids: frozenset[int] = frozenset()
-        self._zero_counters()
 
     def setup(self, target, tokenizer) -> None:
         """Load the draft model beside the target."""
@@ -286,25 +287,19 @@ class DraftModelDrafter(Drafter):
         self.eos_ids = eos_token_ids(target, tokenizer)
 
     def reset(self, prompt_ids: list[int]) -> None:
-        """A fresh draft cache and counters per generation (the prompt is fed at the first sync)."""
+        """A fresh draft cache per generation (the prompt is fed at the first sync)."""
         self.lm.reset()
-        self._zero_counters()
 
     def propose(self, ctx: DecodeContext) -> DraftTree:
-        """Draft this step's tree with the draft model (timed)."""
-        start = time.perf_counter()
+        """Draft this step's tree with the draft model."""
         tree = self.draft_tree(ctx)
-        self.steps += 1
-        self.drafted += tree.num_drafted
-        self.draft_s += time.perf_counter() - start
+        self.books.add(steps=1, drafted=tree.num_drafted)
         return tree
 
     def observe(self, ctx: DecodeContext, tree: DraftTree, verified, accepted: Acceptance) -> None:
-        """Count accepted tokens and roll the draft cache back to the accepted prefix (timed)."""
-        start = time.perf_counter()
-        self.accepted += len(accepted.path) - 1
+        """Count accepted tokens (on the verified path, before EOS/budget cuts); roll the draft cache back."""
+        self.books.add(accepted_tokens=len(accepted.path) - 1)
         self.update(ctx, tree, accepted)
-        self.draft_s += time.perf_counter() - start
 
     def draft_tree(self, ctx: DecodeContext) -> DraftTree:
         """The tree to verify this step; node 0 is ``ctx.root``."""
@@ -325,21 +320,14 @@ class DraftModelDrafter(Drafter):
         return sample_without_replacement(probs, k, generator), probs
 
     def stats(self) -> dict:
-        """Draft model, forwards, drafted/accepted tokens and drafting time of the latest generation."""
-        steps = max(self.steps, 1)
+        """Draft model, forwards, drafted/accepted tokens of the latest generation."""
+        books = self.books
         return {
+            **books.report(),
             "draft_model": self.draft_path,
-            "steps": self.steps,
-            "drafted_per_step": self.drafted / steps,
-            "accepted_tokens": self.accepted,  # drafted tokens on the verified path (before EOS/budget cuts)
-            "accepted_per_step": self.accepted / steps,
-            "draft_hit_ratio": self.accepted / max(self.drafted, 1),
+            "drafted_per_step": books.per("drafted", "steps"),
+            "accepted_per_step": books.per("accepted_tokens", "steps"),
+            "draft_hit_ratio": books.per("accepted_tokens", "drafted"),
             "draft_forwards": self.lm.forwards if self.lm else 0,
             "draft_tokens_fed": self.lm.fed if self.lm else 0,
-            "draft_s": self.draft_s,
         }
-
-    def _zero_counters(self) -> None:
-        """Reset the per-generation counters."""
-        self.steps = self.drafted = self.accepted = 0
-        self.draft_s = 0.0

@@ -10,11 +10,10 @@ the LLMA baseline). Drafts are deterministic, so the ``match`` rule keeps decodi
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 
+from specbench.core.drafter import DecodeContext, Drafter, knob_choice, knob_int, knob_number, stopwatch
 from specbench.core.tree import DraftTree
-from specbench.drafters.base import DecodeContext, Drafter
 from specbench.errors import ConfigError
 from specbench.structures.trie import Draft, TrieMemory, parallel_layout
 
@@ -25,7 +24,8 @@ WARMUP_KEYS = ("dataset", "limit", "data_dir")
 def warmup_answer_ids(warmup: Mapping | None, tokenizer) -> list[list[int]]:
     """Token ids of the dev-split answers named by ``warmup`` ({dataset, limit, data_dir}), EOS appended.
 
-    The dataset is a ``conf/dataset`` config name whose class offers ``dev_answers()`` (Dolly).
+    The dataset is a ``conf/dataset`` config name whose class offers ``dev_answers()`` (Dolly: its dev split;
+    GSM8K: its train split).
     """
     spec = dict(warmup or {})
     unknown = sorted(set(spec) - set(WARMUP_KEYS))
@@ -64,28 +64,22 @@ def dev_answers(name: str, data_dir: str | None) -> list[str]:
 class Lookahead(Drafter):
     """Multi-branch drafts retrieved from a frequency trie that learns across requests."""
 
+    COUNTERS = ("steps", "hits", "full_query_hits", "nodes_proposed", "depth_proposed")
+
     def __init__(self, decoding_length: int = 64, branch_length: int = 12, mode: str = "hierarchical",
                  max_query_length: int = 2, output_weight: float = 1e-4, node_capacity_factor: float = 32,
                  output_node_capacity_factor: float = 16, prune_min_trees: int = 1024,
-                 warmup: Mapping | None = None):
-        problems = []
-        if decoding_length < 1:
-            problems.append(f"decoding_length (L_d) must be >= 1 (1 = no draft), got {decoding_length}")
-        if branch_length < 0:
-            problems.append(f"branch_length (L_b) must be >= 0 (0 = no draft), got {branch_length}")
-        if mode not in MODES:
-            problems.append(f"mode must be one of {MODES}, got {mode!r}")
-        if max_query_length < 1:
-            problems.append(f"max_query_length must be >= 1, got {max_query_length}")
-        if not 0.0 <= output_weight <= 1.0:
-            problems.append(f"output_weight (w) must be in [0, 1], got {output_weight}")
-        if node_capacity_factor <= 0 or output_node_capacity_factor <= 0:
-            problems.append("node_capacity_factor and output_node_capacity_factor must be > 0, got "
-                            f"{node_capacity_factor} and {output_node_capacity_factor}")
-        if prune_min_trees < 1:
-            problems.append(f"prune_min_trees must be >= 1, got {prune_min_trees}")
-        if problems:
-            raise ConfigError("method.drafter: " + "; ".join(problems))
+                 warmup: Mapping | None = None, insert_prompt: bool = True, insert_output: bool = True,
+                 eliminate_input: bool = True):
+        super().__init__()
+        knob_int("decoding_length", decoding_length, 1, "L_d")  # 1 = no draft
+        knob_int("branch_length", branch_length, 0, "L_b")  # 0 = no draft
+        knob_choice("mode", mode, MODES)
+        knob_int("max_query_length", max_query_length, 1)
+        knob_number("output_weight", output_weight, 0.0, 1.0, "w")
+        knob_number("node_capacity_factor", node_capacity_factor, 1e-9)
+        knob_number("output_node_capacity_factor", output_node_capacity_factor, 1e-9)
+        knob_int("prune_min_trees", prune_min_trees, 1)
         self.decoding_length = decoding_length
         self.branch_length = branch_length
         self.mode = mode
@@ -95,47 +89,44 @@ class Lookahead(Drafter):
         self.max_output_node = max(int(output_node_capacity_factor * decoding_length), 1)
         self.prune_min_trees = prune_min_trees
         self.warmup = dict(warmup or {})
+        # Table 5's ablation switches (conf/lookahead_ablation/; not in conf/method/lookahead.yaml, so runs
+        # at the defaults keep their config digest): prompt branches, output branches (the warm-up's too),
+        # elimination of the finished prompt's branches
+        self.insert_prompt, self.insert_output = bool(insert_prompt), bool(insert_output)
+        self.eliminate_input = bool(eliminate_input)
         self.memory = self._new_memory()
         self.warmup_answers = 0
         self.warmup_s = 0.0
         self._tokens: list[int] | None = None  # the live request's token list (the loop extends it)
         self._synced = 0  # tokens of it already streamed into the memory
-        self._reset_counters()
 
     def _new_memory(self) -> TrieMemory:
         """An empty trie memory with this drafter's branch length, weights and capacities."""
         return TrieMemory(max(self.branch_length, 1), self.max_query_length, self.output_weight,
-                          self.max_node, self.max_output_node, self.prune_min_trees)
-
-    def _reset_counters(self) -> None:
-        """Per-generation counters (the memory itself persists across requests)."""
-        self.steps = self.hits = self.long_hits = 0
-        self.nodes_proposed = self.depth_proposed = 0
-        self.qts = self.draft_s = self.update_s = 0.0
+                          self.max_node, self.max_output_node, self.prune_min_trees,
+                          self.insert_prompt, self.insert_output, self.eliminate_input)
 
     def setup(self, target, tokenizer) -> None:
         """Start the run with a fresh memory, warmed up with the dev answers as OUTPUT branches."""
-        start = time.perf_counter()
-        self.memory = self._new_memory()
-        answers = warmup_answer_ids(self.warmup, tokenizer)
-        for ids in answers:
-            self.memory.insert_sequence(ids, output=True)
-        self.memory.end_request()  # prunes when the warm-up touched enough tries
+        with stopwatch() as lap:
+            self.memory = self._new_memory()
+            answers = warmup_answer_ids(self.warmup, tokenizer)
+            for ids in answers:
+                self.memory.insert_sequence(ids, output=True)
+            self.memory.end_request()  # prunes when the warm-up touched enough tries
         self.warmup_answers = len(answers)
-        self.warmup_s = time.perf_counter() - start
+        self.warmup_s = lap.seconds
         self._tokens = None
 
     def reset(self, prompt_ids: list[int]) -> None:
         """End the previous request (last windows, elimination, pruning), then insert this prompt."""
-        self._reset_counters()
-        start = time.perf_counter()
-        if self._tokens is not None:
-            self.memory.stream_output(self._tokens[self._synced:])
-        self.memory.end_request()
-        self.memory.insert_sequence(prompt_ids, output=False)
+        with self.books.timed("end_request"):
+            if self._tokens is not None:
+                self.memory.stream_output(self._tokens[self._synced:])
+            self.memory.end_request()
+            self.memory.insert_sequence(prompt_ids, output=False)
         self._tokens = None
         self._synced = len(prompt_ids)
-        self.update_s += time.perf_counter() - start
 
     def _sync(self, ctx: DecodeContext) -> None:
         """Stream the tokens committed since the last step (ctx.tokens is the truth after EOS/budget cuts)."""
@@ -145,19 +136,17 @@ class Lookahead(Drafter):
 
     def propose(self, ctx: DecodeContext) -> DraftTree:
         """Retrieve a draft for the last committed tokens and lay it out per ``mode``."""
-        start = time.perf_counter()
         self._sync(ctx)
         max_depth = min(self.branch_length, self.decoding_length - 1, ctx.remaining - 1)
         query = ctx.tokens[-self.max_query_length:]
-        retrieve_start = time.perf_counter()
-        draft = self._retrieve(query, max_depth)
-        self.qts += time.perf_counter() - retrieve_start
+        with self.books.timed("retrieve"):
+            draft = self._retrieve(query, max_depth)
         tokens, parents = draft.tokens, draft.parents
         if self.mode == "parallel":
             tokens, parents = parallel_layout(tokens, parents)
         tree = DraftTree(tokens, parents)
-        self._count(draft, tree)
-        self.draft_s += time.perf_counter() - start
+        self.books.add(steps=1, hits=tree.num_drafted > 0, full_query_hits=draft.query_length == self.max_query_length,
+                       nodes_proposed=tree.num_drafted, depth_proposed=max(tree.depths))
         return tree
 
     def _retrieve(self, query: list[int], max_depth: int) -> Draft:
@@ -166,21 +155,11 @@ class Lookahead(Drafter):
             return self.memory.retrieve_branch(query, max_depth)
         return self.memory.retrieve(query, self.decoding_length, max_depth)
 
-    def _count(self, draft: Draft, tree: DraftTree) -> None:
-        """Per-step statistics: hits, full-query hits, nodes and depth proposed."""
-        self.steps += 1
-        self.hits += tree.num_drafted > 0
-        self.long_hits += draft.query_length == self.max_query_length
-        self.nodes_proposed += tree.num_drafted
-        self.depth_proposed += max(tree.depths)
-
     def stats(self) -> dict:
-        """Memory sizes (persistent) and this generation's retrieval statistics."""
-        steps = max(self.steps, 1)
-        return {**self.memory.sizes(), "warmup_answers": self.warmup_answers,
-                "warmup_s": self.warmup_s,
-                "steps": self.steps, "hit_rate": self.hits / steps,
-                "full_query_hit_rate": self.long_hits / steps,
-                "nodes_per_step": self.nodes_proposed / steps, "depth_per_step": self.depth_proposed / steps,
-                "qts": self.qts, "qts_ms_per_step": 1e3 * self.qts / steps,
-                "draft_s": self.draft_s, "update_s": self.update_s}
+        """Memory sizes (persistent), the warm-up, and this generation's retrieval statistics."""
+        books = self.books
+        return {**books.report(), **self.memory.sizes(), "warmup_answers": self.warmup_answers,
+                "warmup_s": round(self.warmup_s, 6), "hit_rate": books.per("hits", "steps"),
+                "full_query_hit_rate": books.per("full_query_hits", "steps"),
+                "nodes_per_step": books.per("nodes_proposed", "steps"),
+                "depth_per_step": books.per("depth_proposed", "steps")}

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import time
-
+from specbench.core.drafter import DecodeContext, Drafter, knob_int
 from specbench.core.tree import DraftTree
-from specbench.drafters.base import DecodeContext, Drafter
-from specbench.errors import ConfigError
 
 
 class NgramChainDrafter(Drafter):
@@ -19,12 +16,12 @@ class NgramChainDrafter(Drafter):
     committed.
     """
 
-    def __init__(self, draft_len: int, draft_len_key: str):
-        if not isinstance(draft_len, int) or draft_len < 1:
-            raise ConfigError(f"method.drafter.{draft_len_key} must be an integer >= 1, got {draft_len!r}")
-        self.draft_len = draft_len
+    COUNTERS = ("steps", "hits", "drafted", "accepted_tokens")
+
+    def __init__(self, draft_len: int, draft_len_key: str, symbol: str):
+        super().__init__()
+        self.draft_len = knob_int(draft_len_key, draft_len, 1, symbol)
         self.table = self.new_table()  # built now so bad n-gram settings fail before the first request
-        self._zero_counters()
 
     def new_table(self):
         """An empty table (``MultiLevelNgram`` or ``PromptLookupIndex``)."""
@@ -38,41 +35,29 @@ class NgramChainDrafter(Drafter):
         """A fresh table filled from the prompt; nothing is carried across requests."""
         self.table = self.new_table()
         self.table.extend(prompt_ids)
-        self._zero_counters()
 
     def propose(self, ctx: DecodeContext) -> DraftTree:
         """Sync the table with the committed tokens, then draft a chain of at most K (or remaining - 1)."""
-        start = time.perf_counter()
         fed = len(self.table)
         if fed > len(ctx.tokens):
             raise RuntimeError(f"{type(self).__name__}: the context shrank below the {fed} tokens already fed")
         self.table.extend(ctx.tokens[fed:])
         draft = self.draft(min(self.draft_len, ctx.remaining - 1))
-        self.steps += 1
-        self.hits += bool(draft)
-        self.drafted += len(draft)
-        self.draft_s += time.perf_counter() - start
+        self.books.add(steps=1, hits=bool(draft), drafted=len(draft))
         return DraftTree.chain(ctx.root, draft)
 
     def observe(self, ctx, tree, verified, accepted) -> None:
         """Count the drafted tokens the target accepted (the table learns them at the next propose)."""
-        self.accepted += len(accepted.path) - 1
+        self.books.add(accepted_tokens=len(accepted.path) - 1)  # on the verified path, before EOS/budget cuts
 
     def stats(self) -> dict:
-        """Table sizes, lookup hit rate, drafted/accepted tokens and drafting time of the latest generation."""
-        steps = max(self.steps, 1)
+        """Table sizes, lookup hit rate and drafted/accepted tokens of the latest generation."""
+        books = self.books
         return {
+            **books.report(),
             "table_sizes": self.table.sizes(),
-            "steps": self.steps,
-            "lookup_hit_rate": self.hits / steps,  # steps whose lookup produced a non-empty draft
-            "drafted_per_step": self.drafted / steps,
-            "accepted_tokens": self.accepted,  # drafted tokens on the verified path (before EOS/budget cuts)
-            "accepted_per_step": self.accepted / steps,
-            "draft_hit_ratio": self.accepted / max(self.drafted, 1),  # ANPD's alpha: accepted / drafted
-            "draft_s": self.draft_s,
+            "lookup_hit_rate": books.per("hits", "steps"),  # steps whose lookup produced a non-empty draft
+            "drafted_per_step": books.per("drafted", "steps"),
+            "accepted_per_step": books.per("accepted_tokens", "steps"),
+            "draft_hit_ratio": books.per("accepted_tokens", "drafted"),  # ANPD's alpha: accepted / drafted
         }
-
-    def _zero_counters(self) -> None:
-        """Reset the per-generation counters."""
-        self.steps = self.hits = self.drafted = self.accepted = 0
-        self.draft_s = 0.0

@@ -1,7 +1,7 @@
 """OPT-Tree (Wang et al., TACL 2025): a per-step adaptive draft tree that maximizes E[accept length].
 
-Each step the draft model builds the tree layer by layer (ALGORITHMS 7.2): layer 1 is the top-n
-tokens of q(.|root); every deeper layer comes from ONE draft forward over all n nodes of the layer
+Each step the draft model builds the tree layer by layer (docs/methods/opt_tree.md#one-step):
+layer 1 is the top-n tokens of q(.|root); every deeper layer comes from ONE draft forward over all n nodes of the layer
 above (tree mask on the draft's own cache): each node's top-n children, scored p̂ = p̂(parent)·q,
 then the global top-n. Drafting stops when the gain in E (sum of the top-n p̂ over the layers built)
 is <= threshold or the depth limit is reached; the tree verified is the top-n nodes by p̂, which
@@ -15,78 +15,15 @@ top-k tokens per node (or, with ``sample_children``, draws without replacement r
 
 from __future__ import annotations
 
-import heapq
-from itertools import chain
-
 import torch
 
 from specbench.core.acceptance import Acceptance
+from specbench.core.drafter import DecodeContext, knob_choice, knob_int, knob_number
 from specbench.core.tree import DraftTree
-from specbench.drafters.base import DecodeContext
-from specbench.drafters.draft_model import DraftModelDrafter, positive_int
+from specbench.drafters.draft_model import DraftModelDrafter
 from specbench.errors import ConfigError
+from specbench.structures.tree_builders import OptTreeBuilder
 from specbench.structures.tree_shapes import TreeShape, binary_paths, static_paths
-
-
-class OptTreeBuilder:
-    """OPT-Tree's layer-by-layer construction over draft probabilities (model-free, unit-testable).
-
-    ``expected[d]`` is E_d: the sum of the top-n p̂ over layers 1..d (``expected[0] = 0``), i.e. the
-    best expected acceptance length of an n-node subtree of what was built (non-decreasing in d).
-    """
-
-    def __init__(self, nodes: int):
-        self.nodes = nodes
-        self.tokens: list[list[int]] = []  # per layer
-        self.parents: list[list[int]] = []  # per layer: the parent's index in the layer above (-1 = root)
-        self.values: list[list[float]] = []  # per layer: p̂ of each node
-        self.expected = [0.0]
-        self._newest: torch.Tensor | None = None  # [k] p̂ of the newest layer, on the probs' device
-
-    @property
-    def depth(self) -> int:
-        """Layers built so far."""
-        return len(self.tokens)
-
-    def add_layer(self, probs: torch.Tensor) -> None:
-        """Grow one layer from raw draft distributions [k, vocab] of the newest layer's nodes ([1, vocab]: the root's)."""
-        first = self._newest is None
-        parent_values = probs.new_ones(1) if first else self._newest  # [k]
-        per_parent = min(self.nodes, probs.shape[-1])
-        child_probs, child_tokens = probs.topk(per_parent, dim=-1)  # [k, per_parent]
-        scores = (parent_values[:, None] * child_probs).flatten()  # [k * per_parent]
-        values, flat = scores.topk(min(self.nodes, scores.numel()))  # [n], sorted descending
-        tokens, parents = torch.stack([child_tokens.flatten()[flat], flat // per_parent]).tolist()
-        self._newest = values
-        self.tokens.append(tokens)
-        self.parents.append([-1] * len(tokens) if first else parents)
-        self.values.append(values.tolist())
-        self.expected.append(sum(heapq.nlargest(self.nodes, chain.from_iterable(self.values))))
-
-    def grows(self, threshold: float, depth_limit: int) -> bool:
-        """The stopping rule: build another layer iff E_d - E_{d-1} > threshold and d < depth_limit."""
-        return self.depth < depth_limit and self.expected[-1] - self.expected[-2] > threshold
-
-    def select(self) -> tuple[list[tuple[int, int]], float]:
-        """The top-n nodes over all layers as (layer, index) pairs in depth order, and E = the sum of their p̂.
-
-        NOTE: ties go to the shallower node, and a child's p̂ never exceeds its parent's (q <= 1, also
-        in float32), so every chosen node's parent is chosen too.
-        """
-        ranked = sorted((-value, layer, i) for layer, values in enumerate(self.values)
-                        for i, value in enumerate(values))[: self.nodes]
-        return sorted((layer, i) for _, layer, i in ranked), -sum(value for value, _, _ in ranked)
-
-    def tree(self, root: int) -> tuple[DraftTree, list[tuple[int, int]], float]:
-        """The selected subtree as a DraftTree (root first, depth order), its (layer, index) nodes and E."""
-        chosen, expected = self.select()
-        index: dict[tuple[int, int], int] = {}
-        tokens, parents = [root], [-1]
-        for layer, i in chosen:
-            index[(layer, i)] = len(tokens)
-            tokens.append(self.tokens[layer][i])
-            parents.append(index[(layer - 1, self.parents[layer][i])] if layer else 0)
-        return DraftTree(tokens, parents), chosen, expected
 
 
 class LayeredTreeDrafter(DraftModelDrafter):
@@ -96,6 +33,8 @@ class LayeredTreeDrafter(DraftModelDrafter):
     pruning leaves node indices unchanged and ``node_rows`` indexes the verified tree.
     """
 
+    COUNTERS = (*DraftModelDrafter.COUNTERS, "depth_sum")
+
     def __init__(self, **draft_settings):
         super().__init__(**draft_settings)
         self.node_rows: list[int] = [-1]  # draft-cache tree row of each node of the proposed tree (-1: none)
@@ -103,28 +42,23 @@ class LayeredTreeDrafter(DraftModelDrafter):
     def update(self, ctx: DecodeContext, tree: DraftTree, accepted: Acceptance) -> None:
         """Keep the draft rows of the accepted path (those that were fed), drop the rest of the tree."""
         self.lm.keep_tree_rows([self.node_rows[i] for i in accepted.path[1:] if self.node_rows[i] >= 0])
-        self.depth_sum += max(tree.depths)
-
-    def _zero_counters(self) -> None:
-        """Base counters plus the summed tree depth."""
-        super()._zero_counters()
-        self.depth_sum = 0
+        self.books.add(depth_sum=max(tree.depths))
 
     def stats(self) -> dict:
         """Base stats plus the mean verified tree depth."""
-        return {**super().stats(), "tree_depth_mean": self.depth_sum / max(self.steps, 1)}
+        return {**super().stats(), "tree_depth_mean": self.books.per("depth_sum", "steps")}
 
 
 class OptTree(LayeredTreeDrafter):
     """OPT-Tree's adaptive draft tree (node budget n, threshold delta, depth counter max_depth)."""
 
     def __init__(self, nodes: int = 50, threshold: float = 0.5, max_depth: int = 10, **draft_settings):
-        self.nodes = positive_int(nodes, "nodes")
-        self.max_depth = positive_int(max_depth, "max_depth", lowest=2)
-        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or threshold < 0:
-            raise ConfigError(f"method.drafter.threshold (delta) must be a number >= 0, got {threshold!r}")
-        self.threshold = float(threshold)
+        self.nodes = knob_int("nodes", nodes, 1, "n")
+        self.max_depth = knob_int("max_depth", max_depth, 2)
+        self.threshold = knob_number("threshold", threshold, 0.0, symbol="delta")
         super().__init__(**draft_settings)
+        self.step_expected: list[float] = []  # per step: E, the sum of p̂ over the verified tree (Fig 4)
+        self.step_accepted: list[int] = []  # per step: drafted tokens accepted
 
     def draft_tree(self, ctx: DecodeContext) -> DraftTree:
         """Build the layers while E grows by more than delta, then verify the top-n nodes by p̂.
@@ -157,16 +91,20 @@ class OptTree(LayeredTreeDrafter):
         super().update(ctx, tree, accepted)
         self.step_accepted.append(len(accepted.path) - 1)
 
-    def _zero_counters(self) -> None:
-        """Base counters plus the per-step E / actual acceptance traces (the paper's Fig 4 data)."""
-        super()._zero_counters()
-        self.step_expected: list[float] = []
-        self.step_accepted: list[int] = []
+    def reset(self, prompt_ids: list[int]) -> None:
+        """A fresh draft cache and fresh per-step E / acceptance traces (the paper's Fig 4 data)."""
+        super().reset(prompt_ids)
+        self.step_expected = []
+        self.step_accepted = []
 
     def stats(self) -> dict:
         """Base stats plus E (sum of p̂ of the verified tree) and the accepted drafted tokens, per step."""
-        return {**super().stats(), "expected_accept_mean": sum(self.step_expected) / max(len(self.step_expected), 1),
-                "step_expected_accept": self.step_expected, "step_accepted": self.step_accepted}
+        return {
+            **super().stats(),
+            "expected_accept_mean": sum(self.step_expected) / max(len(self.step_expected), 1),
+            "step_expected_accept": self.step_expected,
+            "step_accepted": self.step_accepted,
+        }
 
 
 SHAPES = ("static", "binary", "paths")
@@ -174,15 +112,14 @@ SHAPES = ("static", "binary", "paths")
 
 def tree_shape(shape: str, nodes: int | None, paths, rank_hits, max_depth: int | None) -> TreeShape:
     """The fixed shape named by the config: a static tree from a rank profile, a binary tree, or ``paths``."""
+    knob_choice("shape", shape, SHAPES)
     if shape == "static":
         return TreeShape.from_paths(static_paths(rank_hits, nodes, max_depth))
     if shape == "binary":
         return TreeShape.from_paths(binary_paths(nodes))
-    if shape == "paths":
-        if not paths:
-            raise ConfigError("method.drafter.paths must list rank paths (e.g. [[0],[1],[0,0]]) when shape=paths")
-        return TreeShape.from_paths(paths)
-    raise ConfigError(f"method.drafter.shape must be one of {SHAPES}; got {shape!r}")
+    if not paths:
+        raise ConfigError("method.drafter.paths must list rank paths (e.g. [[0],[1],[0,0]]) when shape=paths")
+    return TreeShape.from_paths(paths)
 
 
 class FixedTree(LayeredTreeDrafter):
@@ -194,8 +131,16 @@ class FixedTree(LayeredTreeDrafter):
     draft forward per depth feeds the nodes of that depth that have children.
     """
 
-    def __init__(self, shape: str = "static", nodes: int | None = 25, paths=None, rank_hits=None,
-                 max_depth: int | None = 5, sample_children: bool = False, **draft_settings):
+    def __init__(
+        self,
+        shape: str = "static",
+        nodes: int | None = 25,
+        paths=None,
+        rank_hits=None,
+        max_depth: int | None = 5,
+        sample_children: bool = False,
+        **draft_settings,
+    ):
         self.shape = tree_shape(shape, nodes, paths, rank_hits, max_depth)
         super().__init__(**draft_settings)
         self.sample_drafts = bool(sample_children) and not self.sampling.greedy
@@ -205,8 +150,10 @@ class FixedTree(LayeredTreeDrafter):
         super().setup(target, tokenizer)
         widest = max(len(kids) for kids in self.shape.children())
         if widest > self.lm.target_vocab:
-            raise ConfigError(f"the tree shape gives a node {widest} children but the vocabulary has "
-                              f"only {self.lm.target_vocab} tokens")
+            raise ConfigError(
+                f"the tree shape gives a node {widest} children but the vocabulary has "
+                f"only {self.lm.target_vocab} tokens"
+            )
 
     def draft_tree(self, ctx: DecodeContext) -> DraftTree:
         """Fill the shape (pruned to the budget) depth by depth."""

@@ -14,12 +14,13 @@ class PromptLookup(NgramChainDrafter):
     occurrence is used and how this compares with HF and Spec-Bench.
     """
 
-    def __init__(self, max_ngram_size: int = 3, num_pred_tokens: int = 10, min_ngram_size: int = 1,
-                 occurrence: str = "latest"):
+    def __init__(
+        self, max_ngram_size: int = 3, num_pred_tokens: int = 10, min_ngram_size: int = 1, occurrence: str = "latest"
+    ):
         self.max_ngram_size = max_ngram_size
         self.min_ngram_size = min_ngram_size
         self.occurrence = occurrence
-        super().__init__(num_pred_tokens, "num_pred_tokens")
+        super().__init__(num_pred_tokens, "num_pred_tokens", "k")
 
     def new_table(self) -> PromptLookupIndex:
         """An empty n-gram -> position index."""

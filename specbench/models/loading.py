@@ -60,11 +60,14 @@ def _from_pretrained(loader, path: str, **kwargs):
             raise ModelUnavailable(
                 f"Model '{path}' is not in the local Hugging Face cache and the Hub cannot be reached. "
                 f"Download it where you have network (huggingface-cli download {path} --local-dir DIR) "
-                f"and run with model.path=DIR, or pre-fill the HF cache (HF_HOME).") from None
+                f"and run with model.path=DIR, or pre-fill the HF cache (HF_HOME)."
+            ) from None
         return loader.from_pretrained(path, **kwargs)
 
 
-def load_pretrained(path: str, dtype: torch.dtype, revision: str | None = None) -> tuple[torch.nn.Module, object | None]:
+def load_pretrained(
+    path: str, dtype: torch.dtype, revision: str | None = None
+) -> tuple[torch.nn.Module, object | None]:
     """A causal LM and its tokenizer (None if it ships none) from a dir, the HF cache or the Hub (drafts)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -76,8 +79,9 @@ def load_pretrained(path: str, dtype: torch.dtype, revision: str | None = None) 
     return model.eval(), tokenizer
 
 
-def build_tiny_llama(vocab_size: int, seed: int, device: torch.device | str = "cpu",
-                     dtype: torch.dtype = torch.float32, **arch) -> torch.nn.Module:
+def build_tiny_llama(
+    vocab_size: int, seed: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, **arch
+) -> torch.nn.Module:
     """A random Llama built from a config in code, allocated and seeded directly on ``device`` in ``dtype``.
 
     NOTE: building in place (no fp32 CPU copy first) makes a 7B-shaped model take seconds on a GPU;
@@ -127,8 +131,10 @@ def device_map_setting(cfg) -> str | dict | None:
         return device_map
     if OmegaConf.is_dict(device_map):
         return OmegaConf.to_container(device_map)
-    raise ConfigError(f"model.device_map must be null (load on `device`), one of {', '.join(DEVICE_MAP_MODES)}, "
-                      f"or a dict module -> device like {{model:0,lm_head:1}}; got {device_map!r}")
+    raise ConfigError(
+        f"model.device_map must be null (load on `device`), one of {', '.join(DEVICE_MAP_MODES)}, "
+        f"or a dict module -> device like {{model:0,lm_head:1}}; got {device_map!r}"
+    )
 
 
 def planned_device_map(model: torch.nn.Module, mode: str, dtype: torch.dtype) -> dict:
@@ -137,9 +143,13 @@ def planned_device_map(model: torch.nn.Module, mode: str, dtype: torch.dtype) ->
     from accelerate.utils import get_balanced_memory, get_max_memory
 
     no_split = model._no_split_modules
-    memory = (get_max_memory() if mode == "sequential" else
-              get_balanced_memory(model, no_split_module_classes=no_split, dtype=dtype,
-                                  low_zero=mode == "balanced_low_0"))
+    memory = (
+        get_max_memory()
+        if mode == "sequential"
+        else get_balanced_memory(
+            model, no_split_module_classes=no_split, dtype=dtype, low_zero=mode == "balanced_low_0"
+        )
+    )
     return infer_auto_device_map(model, max_memory=memory, no_split_module_classes=no_split, dtype=dtype)
 
 
@@ -169,8 +179,14 @@ def pretrained_target(cfg, device: torch.device, dtype: torch.dtype, device_map)
     from transformers import AutoModelForCausalLM
 
     placed = {} if device_map is None else {"device_map": device_map}
-    model = _from_pretrained(AutoModelForCausalLM, checkpoint_path(cfg), revision=cfg.get("revision"), dtype=dtype,
-                             attn_implementation=cfg.get("attn_implementation"), **placed)
+    model = _from_pretrained(
+        AutoModelForCausalLM,
+        checkpoint_path(cfg),
+        revision=cfg.get("revision"),
+        dtype=dtype,
+        attn_implementation=cfg.get("attn_implementation"),
+        **placed,
+    )
     return model if device_map is not None else model.to(device=device, dtype=dtype)
 
 
@@ -186,7 +202,7 @@ def placement(model: torch.nn.Module, device_map) -> dict | None:
 
 
 def load_model(cfg, device: torch.device, dtype: torch.dtype) -> LoadedModel:
-    """Instantiate the model described by a ``conf/model/*.yaml`` node on ``device`` (or its device map) in ``dtype``."""
+    """Instantiate the model of a ``conf/model/*.yaml`` node on ``device`` (or its device map) in ``dtype``."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # per-tensor "Loading weights" bars would drown the run's own bar
@@ -200,5 +216,6 @@ def load_model(cfg, device: torch.device, dtype: torch.dtype) -> LoadedModel:
         path = checkpoint_path(cfg)
     model.eval()
     context = cfg.get("context_length") or getattr(model.config, "max_position_embeddings", None)
-    return LoadedModel(model, tokenizer, cfg.name, path, eos_token_ids(model, tokenizer), int(context),
-                       placement(model, device_map))
+    return LoadedModel(
+        model, tokenizer, cfg.name, path, eos_token_ids(model, tokenizer), int(context), placement(model, device_map)
+    )

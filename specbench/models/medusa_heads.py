@@ -1,4 +1,4 @@
-"""Medusa heads (Cai et al. 2024; ALGORITHMS.md 8.1): K residual SiLU blocks on the target's last hidden state.
+"""Medusa heads (Cai et al. 2024; docs/methods/medusa.md): K residual SiLU blocks on the target's last hidden state.
 
 Head k (1-based) maps the last hidden state ``h_t`` (after the final norm) to logits for the token at
 ``t + k + 1``: ``W_out^(k) (h_t + SiLU(W_in^(k) h_t + b^(k)))``; the target's own LM head predicts
@@ -28,8 +28,8 @@ from torch import nn
 
 from specbench.errors import ConfigError, ModelUnavailable
 from specbench.hub import hub_reachable
-from specbench.models.embedded import cache_root
-from specbench.store import atomic_dir
+from specbench.paths import cache_root
+from specbench.files import atomic_dir
 
 SOURCES = ("hub", "trained", "random")
 WEIGHT_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
@@ -167,7 +167,7 @@ def read_tensors(path: Path, prefix: str = "") -> dict[str, torch.Tensor]:
     return {key[len(prefix):]: value for key, value in state.items() if key.startswith(prefix)}
 
 
-class _Files:
+class CheckpointFiles:
     """Fetches named files of one checkpoint: a local folder, or a Hub repo (cache first)."""
 
     def __init__(self, path: str, revision: str | None):
@@ -188,7 +188,7 @@ class _Files:
             return None
 
 
-def _read_checkpoint(files: _Files, cached_only: bool) -> dict[str, torch.Tensor] | None:
+def _read_checkpoint(files: CheckpointFiles, cached_only: bool) -> dict[str, torch.Tensor] | None:
     """The heads' state dict from a separate heads file or a bundled (Medusa-2) model; None if absent."""
     for name in WEIGHT_FILES:
         if (file := files.get(name, cached_only)) is not None:
@@ -211,7 +211,7 @@ def _read_checkpoint(files: _Files, cached_only: bool) -> dict[str, torch.Tensor
 
 def published_heads(path: str, revision: str | None, target: nn.Module) -> LoadedHeads:
     """Heads from a Hub id or a local folder in FasterDecoding's format (HF cache first, then the Hub)."""
-    files = _Files(path, revision)
+    files = CheckpointFiles(path, revision)
     state = _read_checkpoint(files, cached_only=True)
     if state is None and not files.local:
         if not hub_reachable():

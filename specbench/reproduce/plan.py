@@ -19,7 +19,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from specbench.config import CONF_DIR, compose_config
-from specbench.environment import PROJECT_ROOT
+from specbench.paths import workspace
 from specbench.errors import ConfigError, UserError
 
 PLANS_DIR = CONF_DIR / "reproduce"
@@ -59,12 +59,13 @@ def experiment_names(scale: str) -> list[str]:
     return sorted(path.stem for path in (EXPERIMENTS_DIR / scale).glob("*.yaml"))
 
 
-def load_plan(scale: str, root: Path = PROJECT_ROOT) -> Plan:
+def load_plan(scale: str, root: Path | None = None) -> Plan:
     """conf/reproduce/<scale>.yaml as a Plan, or a ConfigError naming the scales / unknown experiments."""
     path = PLANS_DIR / f"{scale}.yaml"
     if not path.is_file():
         raise ConfigError(f"unknown scale {scale!r}; choose one of {scales()}")
     spec = OmegaConf.load(path)
+    root = workspace() if root is None else root
     unknown = sorted(set(spec.experiments) - set(experiment_names(scale)))
     if unknown:
         raise ConfigError(f"{path}: no experiment config for {unknown} in conf/experiment/{scale}/")
@@ -98,7 +99,7 @@ def run_child(command: list[str], label: str) -> float:
     """Run one child process in the project root; its wall time, or ExperimentFailed."""
     print(f"[reproduce] {label}: {' '.join(command[1:])}", flush=True)
     start = time.perf_counter()
-    code = subprocess.call(command, cwd=PROJECT_ROOT)
+    code = subprocess.call(command, cwd=workspace())
     if code != 0:
         raise ExperimentFailed(f"{label} failed (exit {code}); finished runs are kept, rerun to resume")
     seconds = time.perf_counter() - start

@@ -20,11 +20,10 @@ from omegaconf import OmegaConf
 
 from specbench.config import compose_config
 from specbench.runner import without_locations
-from specbench.report import (Run, find_run_dirs, match_ar, paired_samples, read_run, split_by, _runs_frame,
-                              _samples_frame)
+from specbench.report import (Run, find_run_dirs, match_ar, paired_samples, read_run, runs_frame,
+                              samples_frame, speedup_statistics, split_by)
 
 STAMP_FIELDS = ("device_name", "cpu", "torch", "transformers", "dtype", "git_commit")
-BOOTSTRAP_SAMPLES = 1000
 
 
 @dataclass(frozen=True)
@@ -133,27 +132,11 @@ def load_results(root: Path | str, by: str | None = None) -> Results:
 
 def results_of(runs: list[Run]) -> Results:
     """Runs already read (whole or split), with metrics, AR pairing, extra columns and speedup statistics."""
-    frame, samples = _runs_frame(runs), _samples_frame(runs)
+    frame, samples = runs_frame(runs), samples_frame(runs)
     matched = match_ar(frame, samples).merge(_extras_frame(frame["run_dir"]), on="run_dir")
     pairs = paired_samples(matched, samples)
     return Results(matched.merge(speedup_statistics(pairs), left_on="run_dir", right_index=True, how="left"),
                    samples, pairs)
-
-
-def speedup_statistics(pairs: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
-    """Per run: mean of per-sample speedups and a 95 % bootstrap interval of the total/total speedup."""
-    rows = {}
-    rng = np.random.default_rng(seed)
-    for run_dir, group in pairs.groupby("run_dir"):
-        tokens, wall = group["new_tokens"].to_numpy(float), group["wall_s"].to_numpy(float)
-        ar_tokens, ar_wall = group["ar_new_tokens"].to_numpy(float), group["ar_wall_s"].to_numpy(float)
-        per_sample = (tokens / wall) / (ar_tokens / ar_wall)
-        draws = rng.integers(len(group), size=(BOOTSTRAP_SAMPLES, len(group)))  # [B, n] resampled indices
-        boot = (tokens[draws].sum(1) / wall[draws].sum(1)) / (ar_tokens[draws].sum(1) / ar_wall[draws].sum(1))
-        rows[run_dir] = {"speedup_per_sample": per_sample.mean(),
-                         "speedup_ci_low": np.quantile(boot, 0.025), "speedup_ci_high": np.quantile(boot, 0.975)}
-    return pd.DataFrame.from_dict(rows, orient="index",
-                                  columns=["speedup_per_sample", "speedup_ci_low", "speedup_ci_high"])
 
 
 def stamp(runs: pd.DataFrame) -> str:

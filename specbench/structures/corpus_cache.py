@@ -49,8 +49,13 @@ def check_settings(max_key_len: int, continuation_len: int, top_k: int, min_coun
 class CorpusCache:
     """Static n-gram continuations mined from a text corpus with the target's tokenizer."""
 
-    def __init__(self, continuations: dict[Key, tuple[Continuation, ...]], counts: dict[Key, tuple[int, ...]],
-                 settings: Mapping, info: Mapping | None = None):
+    def __init__(
+        self,
+        continuations: dict[Key, tuple[Continuation, ...]],
+        counts: dict[Key, tuple[int, ...]],
+        settings: Mapping,
+        info: Mapping | None = None,
+    ):
         """Per key its continuations (best first) and their counts; ``info``: provenance and stats."""
         self.settings = check_settings(**{name: settings[name] for name in SETTINGS})
         self.max_key_len: int = self.settings["max_key_len"]  # suffix keys of 1..max_key_len tokens
@@ -62,8 +67,16 @@ class CorpusCache:
     # --- building ----------------------------------------------------------------------------
 
     @classmethod
-    def build(cls, token_streams: Iterable[Sequence[int]], max_key_len: int = 4, continuation_len: int = 4,
-              top_k: int = 20, min_count: int = 5, *, provenance: Mapping | None = None) -> "CorpusCache":
+    def build(
+        cls,
+        token_streams: Iterable[Sequence[int]],
+        max_key_len: int = 4,
+        continuation_len: int = 4,
+        top_k: int = 20,
+        min_count: int = 5,
+        *,
+        provenance: Mapping | None = None,
+    ) -> CorpusCache:
         """Count every (key, continuation) window inside each stream; keep top_k per key with count > min_count.
 
         ``provenance`` (e.g. ``{"tokenizer": {...}, "source": {...}}``) is stored in the header as is.
@@ -85,8 +98,9 @@ class CorpusCache:
 
     # --- lookup ------------------------------------------------------------------------------
 
-    def lookup(self, context: Sequence[int], limit: int,
-               exclude: Collection[tuple[int, ...]] = ()) -> list[Continuation]:
+    def lookup(
+        self, context: Sequence[int], limit: int, exclude: Collection[tuple[int, ...]] = ()
+    ) -> list[Continuation]:
         """Longest-suffix match: continuations of the last max_key_len tokens of ``context``, then shorter
         suffixes down to 1; within a key by descending count; skip those in ``exclude`` and duplicates;
         at most ``limit`` continuation tuples (each continuation_len tokens)."""
@@ -96,7 +110,7 @@ class CorpusCache:
         seen = {tuple(candidate) for candidate in exclude}
         end = len(context)
         for key_len in range(min(self.max_key_len, end), 0, -1):
-            for continuation in self._continuations.get(tuple(context[end - key_len:]), ()):
+            for continuation in self._continuations.get(tuple(context[end - key_len :]), ()):
                 if continuation not in seen:
                     seen.add(continuation)
                     found.append(continuation)
@@ -123,17 +137,28 @@ class CorpusCache:
         for key in self._continuations:
             by_length[len(key) - 1] += 1
         entries = self.num_continuations()
-        return {"keys": len(self), "keys_by_length": {str(n + 1): count for n, count in enumerate(by_length)},
-                "continuations": entries, "continuations_per_key": round(entries / max(1, len(self)), 2),
-                "settings": dict(self.settings), **self.info}
+        return {
+            "keys": len(self),
+            "keys_by_length": {str(n + 1): count for n, count in enumerate(by_length)},
+            "continuations": entries,
+            "continuations_per_key": round(entries / max(1, len(self)), 2),
+            "settings": dict(self.settings),
+            **self.info,
+        }
 
     # --- storage -----------------------------------------------------------------------------
 
     def header(self) -> dict:
         """The JSON header stored with the arrays (format, settings, provenance, stats)."""
         info = {name: value for name, value in self.info.items() if name not in ("path", "file_bytes")}
-        return {"format": FORMAT, "format_version": FORMAT_VERSION, "settings": dict(self.settings), **info,
-                "keys": len(self), "continuations": self.num_continuations()}
+        return {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "settings": dict(self.settings),
+            **info,
+            "keys": len(self),
+            "continuations": self.num_continuations(),
+        }
 
     def save(self, path) -> None:
         """Write a compressed ``.npz`` (header + flat arrays) atomically: a temp file, then a rename."""
@@ -154,14 +179,16 @@ class CorpusCache:
         keys = list(self._continuations)
         conts = [cont for key in keys for cont in self._continuations[key]]
         counts = [count for key in keys for count in self._counts[key]]
-        return {"key_lengths": np.array([len(key) for key in keys], dtype=np.uint8),
-                "key_tokens": np.array([token for key in keys for token in key], dtype=np.uint32),
-                "per_key": np.array([len(self._continuations[key]) for key in keys], dtype=np.uint32),
-                "continuations": np.array(conts, dtype=np.uint32).reshape(len(conts), self.continuation_len),
-                "counts": np.array(counts, dtype=np.int64)}
+        return {
+            "key_lengths": np.array([len(key) for key in keys], dtype=np.uint8),
+            "key_tokens": np.array([token for key in keys for token in key], dtype=np.uint32),
+            "per_key": np.array([len(self._continuations[key]) for key in keys], dtype=np.uint32),
+            "continuations": np.array(conts, dtype=np.uint32).reshape(len(conts), self.continuation_len),
+            "counts": np.array(counts, dtype=np.int64),
+        }
 
     @classmethod
-    def load(cls, path, expect: Mapping[str, Mapping] | None = None) -> "CorpusCache":
+    def load(cls, path, expect: Mapping[str, Mapping] | None = None) -> CorpusCache:
         """Read a cache written by ``save``; ``expect`` (section -> fields, e.g. ``{"tokenizer": {...},
         "settings": {...}}``) must match the header, else ``CorpusCacheMismatch`` says what differs."""
         path = Path(path)
@@ -169,15 +196,21 @@ class CorpusCache:
             with np.load(path, allow_pickle=False) as npz:
                 header = _checked_header(npz, path)
                 _check_expected(header, expect, path)
-                arrays = {name: npz[name] for name in ("key_lengths", "key_tokens", "per_key", "continuations",
-                                                       "counts")}
+                arrays = {
+                    name: npz[name] for name in ("key_lengths", "key_tokens", "per_key", "continuations", "counts")
+                }
         except CorpusCacheMismatch:
             raise
         except (OSError, ValueError, KeyError, zipfile.BadZipFile) as error:  # not an npz, or not ours
-            raise CorpusCacheMismatch(f"{path} is not a readable corpus cache ({error}); delete it and rebuild "
-                                      f"(python -m specbench.corpus build ...)") from None
-        info = {name: value for name, value in header.items()
-                if name not in ("format", "format_version", "settings", "keys", "continuations")}
+            raise CorpusCacheMismatch(
+                f"{path} is not a readable corpus cache ({error}); delete it and rebuild "
+                f"(python -m specbench.corpus build ...)"
+            ) from None
+        info = {
+            name: value
+            for name, value in header.items()
+            if name not in ("format", "format_version", "settings", "keys", "continuations")
+        }
         cache = cls(*_entries_from_arrays(**arrays), header["settings"], info)
         cache.info.update(path=str(path), file_bytes=path.stat().st_size)
         return cache
@@ -195,19 +228,25 @@ def _checked_header(npz, path: Path) -> dict:
     if header.get("format") != FORMAT or header.get("format_version") != FORMAT_VERSION:
         raise CorpusCacheMismatch(
             f"{path} is not a {FORMAT} v{FORMAT_VERSION} file (format {header.get('format')!r}, version "
-            f"{header.get('format_version')!r}); delete it and rebuild (python -m specbench.corpus build ...)")
+            f"{header.get('format_version')!r}); delete it and rebuild (python -m specbench.corpus build ...)"
+        )
     return header
 
 
 def _check_expected(header: dict, expect: Mapping[str, Mapping] | None, path: Path) -> None:
     """Raise CorpusCacheMismatch listing every expected field whose stored value differs."""
     expected = json.loads(json.dumps(expect or {}))  # tuples -> lists, as in the stored JSON
-    differences = [f"{section}.{field}: file has {header.get(section, {}).get(field)!r}, expected {value!r}"
-                   for section, fields in expected.items() for field, value in fields.items()
-                   if header.get(section, {}).get(field) != value]
+    differences = [
+        f"{section}.{field}: file has {header.get(section, {}).get(field)!r}, expected {value!r}"
+        for section, fields in expected.items()
+        for field, value in fields.items()
+        if header.get(section, {}).get(field) != value
+    ]
     if differences:
-        raise CorpusCacheMismatch(f"corpus cache {path} was built for something else ({'; '.join(differences)}); "
-                                  f"delete it or rebuild with: python -m specbench.corpus build ... force=true")
+        raise CorpusCacheMismatch(
+            f"corpus cache {path} was built for something else ({'; '.join(differences)}); "
+            f"delete it or rebuild with: python -m specbench.corpus build ... force=true"
+        )
 
 
 def _entries_from_arrays(key_lengths, key_tokens, per_key, continuations, counts) -> tuple[dict, dict]:
@@ -216,14 +255,15 @@ def _entries_from_arrays(key_lengths, key_tokens, per_key, continuations, counts
     conts = list(map(tuple, continuations.tolist()))
     conts_by_key, counts_by_key, token_at, cont_at = {}, {}, 0, 0
     for length, n in zip(key_lengths.tolist(), per_key.tolist()):
-        key = tuple(key_tokens[token_at:token_at + length])
-        conts_by_key[key] = tuple(conts[cont_at:cont_at + n])
-        counts_by_key[key] = tuple(counts[cont_at:cont_at + n])
+        key = tuple(key_tokens[token_at : token_at + length])
+        conts_by_key[key] = tuple(conts[cont_at : cont_at + n])
+        counts_by_key[key] = tuple(counts[cont_at : cont_at + n])
         token_at, cont_at = token_at + length, cont_at + n
     return conts_by_key, counts_by_key
 
 
 # --- counting (numpy) ----------------------------------------------------------------------------
+
 
 def _concatenate(token_streams: Iterable[Sequence[int]]) -> tuple[np.ndarray, int, int]:
     """All non-empty streams end to end, each followed by a separator id no stream uses.
@@ -254,13 +294,12 @@ def _packed_windows(tokens: np.ndarray, width: int, bits: int) -> list[np.ndarra
         word = np.zeros(n, dtype=np.uint64)  # [n]
         for offset in range(first, min(first + per_word, width)):
             word <<= np.uint64(bits)
-            word |= tokens[offset:offset + n]
+            word |= tokens[offset : offset + n]
         words.append(word)
     return words
 
 
-def _frequent_windows(tokens: np.ndarray, separator: int, width: int,
-                      min_count: int) -> tuple[np.ndarray, np.ndarray]:
+def _frequent_windows(tokens: np.ndarray, separator: int, width: int, min_count: int) -> tuple[np.ndarray, np.ndarray]:
     """Distinct windows of ``width`` tokens inside one stream seen more than ``min_count`` times.
 
     Returns their tokens [m, width] (int64) and counts [m].
@@ -284,8 +323,7 @@ def _frequent_windows(tokens: np.ndarray, separator: int, width: int,
     return rows[inside], counts[inside]
 
 
-def _top_continuations(rows: np.ndarray, counts: np.ndarray, key_len: int,
-                       top_k: int) -> tuple[np.ndarray, np.ndarray]:
+def _top_continuations(rows: np.ndarray, counts: np.ndarray, key_len: int, top_k: int) -> tuple[np.ndarray, np.ndarray]:
     """Rows sorted by key, then count descending, then continuation tokens; at most top_k per key."""
     if not len(rows):
         return rows, counts
@@ -300,8 +338,7 @@ def _top_continuations(rows: np.ndarray, counts: np.ndarray, key_len: int,
     return rows[keep], counts[keep]
 
 
-def _add_entries(continuations: dict, counts_by_key: dict, rows: np.ndarray, counts: np.ndarray,
-                 key_len: int) -> None:
+def _add_entries(continuations: dict, counts_by_key: dict, rows: np.ndarray, counts: np.ndarray, key_len: int) -> None:
     """Store rows sorted by key (``_top_continuations``) as key -> continuations and key -> counts."""
     rows, counts = rows.tolist(), counts.tolist()
     first = 0

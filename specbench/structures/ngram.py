@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from specbench.errors import ConfigError
+from specbench.core.drafter import knob_choice, knob_int
 
 
 class _Successors:
@@ -69,13 +69,11 @@ class MultiLevelNgram(_TokenStream):
     n = N, N-1, ..., 2 and returns the most frequent successor at the first level whose context has
     been seen (ties: the successor seen first). With ``multi_level=False`` only the N-gram table
     exists, the paper's appendix ablation (Fig 10). The prompt is fed exactly once (the official
-    wrapper feeds it twice; ALGORITHMS.md 5.4).
+    wrapper feeds it twice; docs/methods/anpd.md#deliberate-differences-from-the-paper-and-the-official-code).
     """
 
     def __init__(self, max_ngram_size: int, multi_level: bool = True):
-        if not isinstance(max_ngram_size, int) or max_ngram_size < 2:
-            raise ConfigError(f"max_ngram_size (ANPD's N) must be an integer >= 2, got {max_ngram_size!r}")
-        self.max_ngram_size = max_ngram_size
+        self.max_ngram_size = knob_int("max_ngram_size", max_ngram_size, 2, "N")
         self.levels = tuple(range(max_ngram_size, 1, -1)) if multi_level else (max_ngram_size,)  # query order
         self.tables: dict[int, dict[tuple[int, ...], _Successors]] = {n: {} for n in self.levels}
         self.history: list[int] = []
@@ -86,7 +84,7 @@ class MultiLevelNgram(_TokenStream):
         end = len(history)  # the new token's position
         for n in self.levels:
             if end >= n - 1:
-                context = tuple(history[end - n + 1:])
+                context = tuple(history[end - n + 1 :])
                 successors = self.tables[n].get(context)
                 if successors is None:
                     self.tables[n][context] = _Successors(token)
@@ -99,7 +97,7 @@ class MultiLevelNgram(_TokenStream):
         length = len(tokens)
         for n in self.levels:
             if length >= n - 1:
-                successors = self.tables[n].get(tuple(tokens[length - n + 1:]))
+                successors = self.tables[n].get(tuple(tokens[length - n + 1 :]))
                 if successors is not None:
                     return successors.best
         return None
@@ -110,7 +108,7 @@ class MultiLevelNgram(_TokenStream):
         A miss ends the draft; with ``pad`` set the miss is filled with ``pad`` and drafting goes on
         (the official class's behaviour, which fills the rest of the draft with a dummy id).
         """
-        tail = self.history[max(0, len(self.history) - self.max_ngram_size + 1):]  # last N-1 tokens
+        tail = self.history[max(0, len(self.history) - self.max_ngram_size + 1) :]  # last N-1 tokens
         draft: list[int] = []
         for _ in range(k):
             token = self.predict(tail)
@@ -156,13 +154,8 @@ class PromptLookupIndex(_TokenStream):
     OCCURRENCES = ("latest", "first")
 
     def __init__(self, max_ngram_size: int, min_ngram_size: int = 1, occurrence: str = "latest"):
-        if not isinstance(min_ngram_size, int) or min_ngram_size < 1:
-            raise ConfigError(f"min_ngram_size must be an integer >= 1, got {min_ngram_size!r}")
-        if not isinstance(max_ngram_size, int) or max_ngram_size < min_ngram_size:
-            raise ConfigError(f"max_ngram_size must be an integer >= min_ngram_size ({min_ngram_size}), "
-                              f"got {max_ngram_size!r}")
-        if occurrence not in self.OCCURRENCES:
-            raise ConfigError(f"occurrence must be one of {self.OCCURRENCES}, got {occurrence!r}")
+        knob_int("max_ngram_size", max_ngram_size, knob_int("min_ngram_size", min_ngram_size, 1))
+        knob_choice("occurrence", occurrence, self.OCCURRENCES)
         self.ngram_sizes = tuple(range(max_ngram_size, min_ngram_size - 1, -1))  # lookup order
         self.keep_first = occurrence == "first"
         self.tables: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.ngram_sizes}
@@ -174,7 +167,7 @@ class PromptLookupIndex(_TokenStream):
         end = len(history) - 1  # the previous last token, now an earlier occurrence
         for n in self.ngram_sizes:
             if end >= n - 1:
-                key = tuple(history[end - n + 1:])
+                key = tuple(history[end - n + 1 :])
                 if self.keep_first:
                     self.tables[n].setdefault(key, end)
                 else:
@@ -187,14 +180,14 @@ class PromptLookupIndex(_TokenStream):
         length = len(history)
         for n in self.ngram_sizes:
             if length > n:
-                end = self.tables[n].get(tuple(history[length - n:]))
+                end = self.tables[n].get(tuple(history[length - n :]))
                 if end is not None:
                     return self._continuation(end, k)
         return []
 
     def _continuation(self, end: int, k: int) -> list[int]:
         """The ``k`` tokens after position ``end``, repeating the span up to the context's end if short."""
-        copied = self.history[end + 1:end + 1 + k]  # non-empty: end < len(history) - 1
+        copied = self.history[end + 1 : end + 1 + k]  # non-empty: end < len(history) - 1
         if len(copied) < k:
             copied = (copied * (k // len(copied) + 1))[:k]
         return copied

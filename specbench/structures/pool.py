@@ -14,15 +14,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import islice
 
-from specbench.errors import ConfigError
+from specbench.core.drafter import knob_int
 
 
 class NGramPool:
     """n-gram pool: first token -> at most ``capacity`` continuation tuples, least recently used evicted."""
 
     def __init__(self, capacity: int, name: str = "capacity"):
-        if not isinstance(capacity, int) or capacity < 1:
-            raise ConfigError(f"{name} (tuples kept per key) must be an integer >= 1, got {capacity!r}")
+        knob_int(name, capacity, 1)
         self.capacity = capacity
         self._table: dict[int, dict[tuple[int, ...], None]] = {}
         self._tuples = 0
@@ -54,7 +53,7 @@ class NGramPool:
     def insert_sequence(self, tokens: Sequence[int], value_len: int, start: int = 0) -> None:
         """Insert every complete (key, next ``value_len`` tokens) n-gram of ``tokens`` keyed at ``start`` or later."""
         for i in range(start, len(tokens) - value_len):
-            self.insert(tokens[i], tuple(tokens[i + 1:i + 1 + value_len]))
+            self.insert(tokens[i], tuple(tokens[i + 1 : i + 1 + value_len]))
 
     def query(self, key: int, k: int) -> list[tuple[int, ...]]:
         """Up to ``k`` tuples under ``key``, most recent first."""
@@ -73,7 +72,7 @@ class NGramPool:
                 self._table[key] = dict.fromkeys(list(entries)[-keep:])
         self._tuples = sum(len(entries) for entries in self._table.values())
 
-    def copy(self) -> "NGramPool":
+    def copy(self) -> NGramPool:
         """An independent pool with the same tuples in the same recency order."""
         other = NGramPool(self.capacity)
         other._table = {key: dict(entries) for key, entries in self._table.items()}

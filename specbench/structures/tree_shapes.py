@@ -12,9 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from specbench.core.drafter import knob_int
 from specbench.core.tree import child_lists
 from specbench.errors import ConfigError
 from specbench.structures.medusa_tree import sparse_paths
+
 
 def static_paths(rank_hits: Sequence[float], nodes: int, max_depth: int) -> list[tuple[int, ...]]:
     """The ``nodes``-node tree with the highest expected acceptance when rank r is right with probability a^(r).
@@ -23,14 +25,14 @@ def static_paths(rank_hits: Sequence[float], nodes: int, max_depth: int) -> list
     baseline), built from the draft's measured rank profile ``rank_hits`` (the same at every depth,
     see ``specbench.train.agreement``) by Medusa's greedy sparse-tree builder.
     """
-    if not isinstance(nodes, int) or nodes < 1:
-        raise ConfigError(f"static tree nodes must be an integer >= 1, got {nodes!r}")
-    if not isinstance(max_depth, int) or max_depth < 1:
-        raise ConfigError(f"static tree max_depth must be an integer >= 1, got {max_depth!r}")
+    knob_int("nodes", nodes, 1)
+    knob_int("max_depth", max_depth, 1)
     if not rank_hits:
-        raise ConfigError("a static tree needs the draft's rank hit rates a^(r): set model.draft.rank_hits "
-                          "(python -m specbench.train draft reports them as rank_hits) or "
-                          "method.drafter.rank_hits=[0.5,0.1,...], or give a tree with shape=paths")
+        raise ConfigError(
+            "a static tree needs the draft's rank hit rates a^(r): set model.draft.rank_hits "
+            "(python -m specbench.train draft reports them as rank_hits) or "
+            "method.drafter.rank_hits=[0.5,0.1,...], or give a tree with shape=paths"
+        )
     return sparse_paths([list(rank_hits)] * max_depth, nodes)
 
 
@@ -39,8 +41,7 @@ def binary_paths(nodes: int) -> list[tuple[int, ...]]:
 
     ``nodes = 2 + 4 + ... + 2^d`` gives the complete tree of depth ``d`` (30 nodes = depth 4).
     """
-    if not isinstance(nodes, int) or nodes < 1:
-        raise ConfigError(f"binary tree nodes must be an integer >= 1, got {nodes!r}")
+    knob_int("nodes", nodes, 1)
     paths: list[tuple[int, ...]] = []
     layer: list[tuple[int, ...]] = [()]
     while len(paths) < nodes:
@@ -51,7 +52,8 @@ def binary_paths(nodes: int) -> list[tuple[int, ...]]:
 
 @dataclass(frozen=True)
 class TreeShape:
-    """A fixed tree of child ranks in depth order: node 0 is the root, node i is child ``ranks[i]`` of ``parents[i]``."""
+    """A fixed tree of child ranks in depth order: node 0 is the root, node i is child ``ranks[i]`` of
+    ``parents[i]``."""
 
     parents: tuple[int, ...]
     ranks: tuple[int, ...]
@@ -64,7 +66,7 @@ class TreeShape:
         object.__setattr__(self, "depths", tuple(depths))
 
     @classmethod
-    def from_paths(cls, paths: Sequence[Sequence[int]]) -> "TreeShape":
+    def from_paths(cls, paths: Sequence[Sequence[int]]) -> TreeShape:
         """Validate rank paths and lay them out depth by depth (ranks ascending within a parent)."""
         unique = sorted({tuple(int(r) for r in path) for path in paths}, key=lambda p: (len(p), p))
         if not unique or any(len(p) == 0 or min(p) < 0 for p in unique):
@@ -80,8 +82,10 @@ class TreeShape:
         shape = cls(tuple(parents), tuple(ranks))
         for node, kids in enumerate(shape.children()):
             if sorted(shape.ranks[k] for k in kids) != list(range(len(kids))):
-                raise ConfigError(f"the children of tree node {node} use ranks "
-                                  f"{sorted(shape.ranks[k] for k in kids)}; they must be 0..k-1")
+                raise ConfigError(
+                    f"the children of tree node {node} use ranks "
+                    f"{sorted(shape.ranks[k] for k in kids)}; they must be 0..k-1"
+                )
         return shape
 
     def __len__(self) -> int:
@@ -99,7 +103,7 @@ class TreeShape:
         """Node indices at ``depth``, in order."""
         return [node for node, d in enumerate(self.depths) if d == depth]
 
-    def pruned(self, max_depth: int) -> "TreeShape":
+    def pruned(self, max_depth: int) -> TreeShape:
         """The nodes at depth <= ``max_depth`` (a prefix, since nodes are in depth order)."""
         keep = sum(1 for d in self.depths if d <= max_depth)
         return self if keep == len(self) else TreeShape(self.parents[:keep], self.ranks[:keep])

@@ -1,4 +1,4 @@
-"""Lookahead's frequency trie memory (Zhao et al., KDD'24; ALGORITHMS.md section 6).
+"""Lookahead's frequency trie memory (Zhao et al., KDD'24; docs/methods/lookahead.md).
 
 A global memory keyed by first token: ``mem[t]`` is a trie of the continuations seen after ``t``
 (``window = branch_length + max_query_length - 1`` tokens deep, so a query of ``q`` tokens still
@@ -24,7 +24,7 @@ import heapq
 from collections.abc import Callable, Iterator, Sequence
 from itertools import count
 
-from specbench.errors import ConfigError
+from specbench.core.drafter import knob_int, knob_number
 
 
 class TrieNode:
@@ -70,13 +70,11 @@ class TrieMemory:
     """Lookahead's global trie memory: branch inserting, elimination, pruning and retrieval."""
 
     def __init__(self, branch_length: int, max_query_length: int = 2, output_weight: float = 1e-4,
-                 max_node: int = 2048, max_output_node: int = 1024, prune_min_trees: int = 1024):
-        if branch_length < 1:
-            raise ConfigError(f"branch_length must be >= 1, got {branch_length}")
-        if max_query_length < 1:
-            raise ConfigError(f"max_query_length must be >= 1, got {max_query_length}")
-        if not 0.0 <= output_weight <= 1.0:
-            raise ConfigError(f"output_weight must be in [0, 1], got {output_weight}")
+                 max_node: int = 2048, max_output_node: int = 1024, prune_min_trees: int = 1024,
+                 insert_input: bool = True, insert_output: bool = True, eliminate: bool = True):
+        knob_int("branch_length", branch_length, 1, "L_b")
+        knob_int("max_query_length", max_query_length, 1)
+        knob_number("output_weight", output_weight, 0.0, 1.0, "w")
         self.branch_length = branch_length
         self.max_query_length = max_query_length
         self.window = branch_length + max_query_length - 1  # tokens stored after each first token
@@ -85,6 +83,8 @@ class TrieMemory:
         self.max_node = max_node
         self.max_output_node = max_output_node
         self.prune_min_trees = prune_min_trees
+        # the paper's Table 5 ablations: False = w/o prompt / w/o output branches, w/o elimination
+        self.insert_input, self.insert_output, self.eliminate = insert_input, insert_output, eliminate
         self.mem: dict[int, Trie] = {}
         self._touched: set[int] = set()  # first tokens of tries updated since the last pruning pass
         self._input_touched: set[int] = set()  # first tokens of tries holding the live prompt
@@ -121,13 +121,17 @@ class TrieMemory:
         self._touched.add(first)
 
     def insert_sequence(self, ids: Sequence[int], output: bool) -> None:
-        """Insert every window of ``ids`` (a prompt as INPUT, a warm-up answer as OUTPUT)."""
+        """Insert every window of ``ids`` (a prompt as INPUT, a warm-up answer as OUTPUT) if that channel is on."""
+        if not (self.insert_output if output else self.insert_input):
+            return
         window = self.window
         for i in range(len(ids) - 1):
             self._insert(ids[i], ids[i + 1: i + 1 + window], output)
 
     def stream_output(self, ids: Sequence[int]) -> None:
         """Feed committed output tokens; each token's window goes in as OUTPUT once it is complete."""
+        if not self.insert_output:
+            return
         stream = self._stream
         stream.extend(ids)
         ready = len(stream) - self.window
@@ -142,7 +146,8 @@ class TrieMemory:
         for i in range(len(stream) - 1):
             self._insert(stream[i], stream[i + 1:], True)
         stream.clear()
-        self.eliminate_input()
+        if self.eliminate:
+            self.eliminate_input()
         self.prune()
 
     # --- branch eliminating and node pruning ----------------------------------------------------

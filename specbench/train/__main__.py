@@ -1,4 +1,4 @@
-"""``python -m specbench.train {draft,medusa} [hydra overrides...]``: train a method's artefacts once."""
+"""``python -m specbench.train {draft,medusa,eagle} [hydra overrides...]``: train a method's artefacts once."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from specbench.errors import UserError
 COMMANDS = {
     "draft": ("specbench.train.draft", "distil a small draft model from the target (spede, opt_tree)"),
     "medusa": ("specbench.train.medusa", "train Medusa heads on the target's self-distilled answers"),
+    "eagle": ("specbench.train.eagle", "train an EAGLE draft head on the target's self-distilled answers"),
 }
 
 
 def usage() -> str:
     """The command line and the list of subcommands."""
-    lines = ["usage: python -m specbench.train {" + ",".join(COMMANDS) + "} [hydra overrides...]", "",
-             "subcommands:"]
+    lines = ["usage: python -m specbench.train {" + ",".join(COMMANDS) + "} [hydra overrides...]", "", "subcommands:"]
     lines += [f"  {name:8s}{help_text}" for name, (_, help_text) in COMMANDS.items()]
     lines += ["", "example: python -m specbench.train draft model=smollm2_135m train.steps=300"]
     return "\n".join(lines)

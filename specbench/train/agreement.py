@@ -43,7 +43,7 @@ def target_ranks(draft, items: list[SelfDistilled], pad_id: int, batch_size: int
     device = next(draft.parameters()).device
     ranks = []
     for start in range(0, len(items), batch_size):
-        batch = collate(items[start:start + batch_size], pad_id).to(device)
+        batch = collate(items[start : start + batch_size], pad_id).to(device)
         logits = answer_logits(draft, batch)  # [rows, vocab]
         target = logits.gather(1, batch.teacher_argmax[:, None])  # [rows, 1]
         rank = (logits > target).sum(dim=-1).tolist()  # [rows]: 0 = the draft's argmax agrees
@@ -53,8 +53,7 @@ def target_ranks(draft, items: list[SelfDistilled], pad_id: int, batch_size: int
     return ranks
 
 
-def agreement_report(draft, items: list[SelfDistilled], pad_id: int, gammas: list[int],
-                     batch_size: int = 8) -> dict:
+def agreement_report(draft, items: list[SelfDistilled], pad_id: int, gammas: list[int], batch_size: int = 8) -> dict:
     """Top-1 agreement and rank hit rates on held-out answers and, per gamma, simulated tokens per step."""
     was_training = draft.training
     draft.eval()
@@ -64,9 +63,12 @@ def agreement_report(draft, items: list[SelfDistilled], pad_id: int, gammas: lis
     positions = sum(map(len, matches))
     emitted = sum(len(m) - 1 for m in matches)  # tokens emitted by verify steps (prefill excluded)
     flat = [rank for answer in ranks for rank in answer]
-    report = {"sequences": len(items), "positions": positions,
-              "agreement": round(sum(map(sum, matches)) / positions, 4),
-              "rank_hits": [round(flat.count(r) / positions, 4) for r in range(RANKS_REPORTED)]}
+    report = {
+        "sequences": len(items),
+        "positions": positions,
+        "agreement": round(sum(map(sum, matches)) / positions, 4),
+        "rank_hits": [round(flat.count(r) / positions, 4) for r in range(RANKS_REPORTED)],
+    }
     for gamma in gammas:
         steps = sum(chain_steps(m, gamma) for m in matches)
         report[f"tokens_per_step_gamma{gamma}"] = round(emitted / steps, 3) if steps else None
@@ -98,8 +100,12 @@ def latency_report(target, draft, context_ids: list[int], gammas: list[int], rep
     context = torch.tensor([context_ids], device=device)  # [1, ctx]
     draft_s = median_latency(draft, context, 1, repeats)
     target_s = median_latency(target, context, 1, repeats)
-    report = {"context_tokens": len(context_ids), "draft_step_ms": round(draft_s * 1e3, 2),
-              "target_step_ms": round(target_s * 1e3, 2), "draft_to_target": round(draft_s / target_s, 3)}
+    report = {
+        "context_tokens": len(context_ids),
+        "draft_step_ms": round(draft_s * 1e3, 2),
+        "target_step_ms": round(target_s * 1e3, 2),
+        "draft_to_target": round(draft_s / target_s, 3),
+    }
     for gamma in gammas:
         verify_s = median_latency(target, context, gamma + 1, repeats)
         report[f"target_verify{gamma + 1}_ms"] = round(verify_s * 1e3, 2)
@@ -109,5 +115,8 @@ def latency_report(target, draft, context_ids: list[int], gammas: list[int], rep
 
 def expected_speedup(heldout: dict, latency: dict, gammas: list[int]) -> dict:
     """Tokens per step / step cost in AR steps, per gamma (the ideal speedup, ignoring Python overhead)."""
-    return {f"gamma{g}": round(heldout[f"tokens_per_step_gamma{g}"] / latency[f"chain_step_cost_gamma{g}"], 3)
-            for g in gammas if heldout.get(f"tokens_per_step_gamma{g}")}
+    return {
+        f"gamma{g}": round(heldout[f"tokens_per_step_gamma{g}"] / latency[f"chain_step_cost_gamma{g}"], 3)
+        for g in gammas
+        if heldout.get(f"tokens_per_step_gamma{g}")
+    }

@@ -18,11 +18,11 @@ class Batch:
     of sequence ``b``: the last prompt position predicts the first answer token.
     """
 
-    ids: torch.Tensor           # [batch, width] prompt + answer tokens, right-padded
-    mask: torch.Tensor          # [batch, width] 1 = real token
-    row_batch: torch.Tensor     # [rows] sequence index of each answer row
-    row_pos: torch.Tensor       # [rows] position of each answer row
-    topk_ids: torch.Tensor      # [rows, k] the teacher's top-k tokens there, best first
+    ids: torch.Tensor  # [batch, width] prompt + answer tokens, right-padded
+    mask: torch.Tensor  # [batch, width] 1 = real token
+    row_batch: torch.Tensor  # [rows] sequence index of each answer row
+    row_pos: torch.Tensor  # [rows] position of each answer row
+    topk_ids: torch.Tensor  # [rows, k] the teacher's top-k tokens there, best first
     topk_logprobs: torch.Tensor  # [rows, k] their log-probabilities under the teacher
 
     @property
@@ -34,7 +34,7 @@ class Batch:
         """Number of answer rows of each sequence, in order."""
         return torch.bincount(self.row_batch, minlength=self.ids.shape[0]).tolist()
 
-    def to(self, device: torch.device) -> "Batch":
+    def to(self, device: torch.device) -> Batch:
         """The same batch on ``device``."""
         return Batch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
 
@@ -42,8 +42,10 @@ class Batch:
 def check_soft_labels(data: list[SelfDistilled]) -> None:
     """Distillation needs the teacher's top-k records (prompts.teacher_topk >= 1)."""
     if any(item.topk_ids is None for item in data):
-        raise ConfigError("draft distillation needs the target's top-k log-probs in the self-distilled data: "
-                          "set prompts.teacher_topk >= 1")
+        raise ConfigError(
+            "draft distillation needs the target's top-k log-probs in the self-distilled data: "
+            "set prompts.teacher_topk >= 1"
+        )
 
 
 def collate(items: list[SelfDistilled], pad_id: int) -> Batch:

@@ -51,4 +51,3 @@ def load_target(cfg: DictConfig) -> LoadedModel:
 def write_json(path: Path, data: dict) -> None:
     """Write ``data`` as indented JSON (the caller makes the enclosing directory atomic)."""
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-

@@ -32,8 +32,8 @@ from tqdm import tqdm
 
 from specbench import environment
 from specbench.errors import ConfigError
-from specbench.models.embedded import cache_root
-from specbench.store import atomic_dir
+from specbench.files import atomic_dir
+from specbench.paths import distilled_draft_dir
 from specbench.train.agreement import agreement_report, expected_speedup, latency_report
 from specbench.train.batches import Batch, answer_logits, check_soft_labels, collate
 from specbench.train.common import compose_train, container, digest, load_target, write_json
@@ -43,11 +43,6 @@ from specbench.train.selfdistill import validate as validate_prompts
 INITS = ("spread", "first", "random")
 TRAINING_JSON = "training.json"
 LATENCY_CONTEXT = 256  # tokens of context for the step-latency measurement
-
-
-def distilled_draft_dir(target_name: str) -> Path:
-    """Where the distilled draft of ``target_name`` lives (``model.draft.source=distilled``)."""
-    return cache_root() / "drafts" / f"{target_name}-distilled"
 
 
 def validate(cfg: DictConfig) -> None:
@@ -64,8 +59,9 @@ def validate(cfg: DictConfig) -> None:
     if t.lr <= 0:
         problems.append(f"train.lr must be > 0 (got {t.lr})")
     if t.soft_weight < 0 or t.hard_weight < 0 or t.soft_weight + t.hard_weight == 0:
-        problems.append(f"train.soft_weight and train.hard_weight must be >= 0, not both 0 "
-                        f"(got {t.soft_weight}, {t.hard_weight})")
+        problems.append(
+            f"train.soft_weight and train.hard_weight must be >= 0, not both 0 (got {t.soft_weight}, {t.hard_weight})"
+        )
     if t.max_minutes is not None and t.max_minutes <= 0:
         problems.append(f"train.max_minutes must be > 0 or null (got {t.max_minutes})")
     if not t.gammas or any(g < 1 for g in t.gammas):
@@ -86,8 +82,9 @@ def settings_digest(cfg: DictConfig) -> str:
     prompts.pop("batch_size")
     train.pop("max_minutes")
     (model.get("draft") or {}).pop("rank_hits", None)
-    return digest({"model": model, "dtype": cfg.dtype, "prompts": prompts,
-                   "draft": container(cfg.draft), "train": train})
+    return digest(
+        {"model": model, "dtype": cfg.dtype, "prompts": prompts, "draft": container(cfg.draft), "train": train}
+    )
 
 
 def already_trained(out_dir: Path, settings: str) -> bool:
@@ -98,13 +95,16 @@ def already_trained(out_dir: Path, settings: str) -> bool:
 
 # --- the draft model ------------------------------------------------------------------------------
 
+
 def layer_plan(target_layers: int, draft_layers: int, init: str) -> list[int] | None:
     """Target layer indices copied into the draft's layers (None = random initialization)."""
     if init == "random":
         return None
     if draft_layers > target_layers:
-        raise ConfigError(f"draft.num_layers={draft_layers} exceeds the target's {target_layers} layers "
-                          f"(draft.init={init} copies target layers)")
+        raise ConfigError(
+            f"draft.num_layers={draft_layers} exceeds the target's {target_layers} layers "
+            f"(draft.init={init} copies target layers)"
+        )
     if init == "first" or draft_layers == 1:
         return list(range(draft_layers))
     return [round(i * (target_layers - 1) / (draft_layers - 1)) for i in range(draft_layers)]
@@ -140,6 +140,7 @@ def parameter_counts(model) -> dict:
 
 # --- training -------------------------------------------------------------------------------------
 
+
 def distillation_loss(logits: torch.Tensor, batch: Batch, soft_weight: float, hard_weight: float) -> torch.Tensor:
     """Soft (teacher top-k, renormalized) + hard (teacher argmax) cross-entropy, mean over answer rows."""
     logq = torch.log_softmax(logits, dim=-1)  # [rows, vocab]
@@ -163,7 +164,7 @@ def batch_order(n_items: int, batch_size: int, generator: torch.Generator):
     while True:
         order = torch.randperm(n_items, generator=generator).tolist()
         for start in range(0, n_items - size + 1, size):
-            yield order[start:start + size]
+            yield order[start : start + size]
 
 
 def train_draft(draft, items: list[SelfDistilled], train_cfg, pad_id: int, progress: bool) -> dict:
@@ -197,17 +198,24 @@ def train_draft(draft, items: list[SelfDistilled], train_cfg, pad_id: int, progr
             break
     bar.close()
     draft.eval()
-    return {"steps_done": curve[-1][0], "stopped_by": stopped_by,
-            "seconds": round(time.perf_counter() - start, 1), "loss_curve": curve}
+    return {
+        "steps_done": curve[-1][0],
+        "stopped_by": stopped_by,
+        "seconds": round(time.perf_counter() - start, 1),
+        "loss_curve": curve,
+    }
 
 
 # --- the command ----------------------------------------------------------------------------------
 
+
 def split_heldout(data: list[SelfDistilled], eval_sequences: int) -> tuple[list, list]:
     """(train, held-out): the last ``eval_sequences`` answers (the data is already a seeded shuffle)."""
     if eval_sequences >= len(data):
-        raise ConfigError(f"train.eval_sequences={eval_sequences} leaves nothing to train on: the "
-                          f"self-distilled data has {len(data)} sequences")
+        raise ConfigError(
+            f"train.eval_sequences={eval_sequences} leaves nothing to train on: the "
+            f"self-distilled data has {len(data)} sequences"
+        )
     return data[:-eval_sequences], data[-eval_sequences:]
 
 
@@ -240,13 +248,18 @@ def distil(cfg: DictConfig, lm, data: list[SelfDistilled]) -> tuple[torch.nn.Mod
     latency = latency_report(lm.model, timed, latency_context(heldout_items), gammas)
     return draft, {
         "target": {"name": lm.name, "path": lm.path},
-        "settings": {"prompts": container(cfg.prompts), "draft": container(cfg.draft),
-                     "train": container(cfg.train)},
-        "data": {"digest": digest([asdict(item) for item in data]), **data_summary(data),
-                 "train_sequences": len(train_items), "heldout_sequences": len(heldout_items)},
+        "settings": {"prompts": container(cfg.prompts), "draft": container(cfg.draft), "train": container(cfg.train)},
+        "data": {
+            "digest": digest([asdict(item) for item in data]),
+            **data_summary(data),
+            "train_sequences": len(train_items),
+            "heldout_sequences": len(heldout_items),
+        },
         "draft": {"num_layers": cfg.draft.num_layers, "copied_target_layers": plan, **parameter_counts(draft)},
-        "training": training, "heldout": {"before_training": before, "after_training": after},
-        "latency": latency, "expected_speedup": expected_speedup(after, latency, gammas),
+        "training": training,
+        "heldout": {"before_training": before, "after_training": after},
+        "latency": latency,
+        "expected_speedup": expected_speedup(after, latency, gammas),
         "environment": environment.capture(lm.model.device, lm.model.dtype),
     }
 
@@ -254,16 +267,23 @@ def distil(cfg: DictConfig, lm, data: list[SelfDistilled]) -> tuple[torch.nn.Mod
 def print_report(out_dir: Path, record: dict) -> None:
     """Where the draft went and its held-out agreement, tokens per step and latency."""
     print(f"[specbench] distilled draft for {record['target']['name']}: {out_dir}")
-    for name, report in (("before", record["heldout"]["before_training"]),
-                         ("after", record["heldout"]["after_training"])):
-        chains = ", ".join(f"{k.removeprefix('tokens_per_step_')}: {v}" for k, v in report.items()
-                           if k.startswith("tokens_per_step_"))
+    for name, report in (
+        ("before", record["heldout"]["before_training"]),
+        ("after", record["heldout"]["after_training"]),
+    ):
+        chains = ", ".join(
+            f"{k.removeprefix('tokens_per_step_')}: {v}" for k, v in report.items() if k.startswith("tokens_per_step_")
+        )
         print(f"  {name:7s} agreement {report['agreement']:.3f}; tokens/step {chains}")
-    print(f"  rank hits a^(r) after training (model.draft.rank_hits for static_tree): "
-          f"{record['heldout']['after_training'].get('rank_hits')}")
+    print(
+        f"  rank hits a^(r) after training (model.draft.rank_hits for static_tree): "
+        f"{record['heldout']['after_training'].get('rank_hits')}"
+    )
     latency = record["latency"]
-    print(f"  draft step {latency['draft_step_ms']} ms vs target {latency['target_step_ms']} ms "
-          f"(ratio {latency['draft_to_target']}); ideal speedup {record['expected_speedup']}")
+    print(
+        f"  draft step {latency['draft_step_ms']} ms vs target {latency['target_step_ms']} ms "
+        f"(ratio {latency['draft_to_target']}); ideal speedup {record['expected_speedup']}"
+    )
 
 
 def main(overrides: list[str]) -> None:
@@ -273,15 +293,18 @@ def main(overrides: list[str]) -> None:
     out_dir = Path(cfg.output_dir).expanduser() if cfg.output_dir else distilled_draft_dir(cfg.model.name)
     settings = settings_digest(cfg)
     if not cfg.force and already_trained(out_dir, settings):
-        print(f"[specbench] the distilled draft for {cfg.model.name} is up to date: {out_dir} "
-              f"(same settings; force=true retrains)")
+        print(
+            f"[specbench] the distilled draft for {cfg.model.name} is up to date: {out_dir} "
+            f"(same settings; force=true retrains)"
+        )
         return
     began = time.perf_counter()
     lm = load_target(cfg)
     data = self_distilled(lm, cfg.prompts, cfg.data_dir, progress=cfg.progress)
     data_s = time.perf_counter() - began
     draft, record = distil(cfg, lm, data)
-    record.update(settings_digest=settings, data_seconds=round(data_s, 1),
-                  total_seconds=round(time.perf_counter() - began, 1))
+    record.update(
+        settings_digest=settings, data_seconds=round(data_s, 1), total_seconds=round(time.perf_counter() - began, 1)
+    )
     save_draft(draft, lm.tokenizer, out_dir, record)
     print_report(out_dir, record)

@@ -10,10 +10,10 @@ this is what makes CPU training of the embedded model's heads feasible.
 
 Evaluation on held-out self-distilled sequences measures each head's rank accuracies a_k^(i) (the
 probability that its i-th top token is the right one). Because the answers are the target's own
-greedy outputs, "right" is the target's greedy continuation, which is what the ALGORITHMS.md 8.2
-calibration needs; the table is saved in ``training.json`` beside the heads and the drafter builds
-its sparse tree from it. A second run with the same settings (model, data, heads, train) is a no-op
-unless ``force=true``; the output folder is replaced atomically.
+greedy outputs, "right" is the target's greedy continuation, which is what the sparse-tree
+calibration (docs/methods/medusa.md#static-trees) needs; the table is saved in ``training.json``
+beside the heads and the drafter builds its sparse tree from it. A second run with the same settings
+(model, data, heads, train) is a no-op unless ``force=true``; the output folder is replaced atomically.
 """
 
 from __future__ import annotations
@@ -58,16 +58,20 @@ def validate(cfg) -> None:
         (heads.num_heads >= 1, f"heads.num_heads (K) must be >= 1 (got {heads.num_heads})"),
         (heads.num_layers >= 1, f"heads.num_layers must be >= 1 (got {heads.num_layers})"),
         (train.max_steps >= 1, f"train.max_steps must be >= 1 (got {train.max_steps})"),
-        (train.max_minutes is None or train.max_minutes > 0,
-         f"train.max_minutes must be > 0 or null (got {train.max_minutes})"),
+        (
+            train.max_minutes is None or train.max_minutes > 0,
+            f"train.max_minutes must be > 0 or null (got {train.max_minutes})",
+        ),
         (train.batch_size >= 1, f"train.batch_size must be >= 1 (got {train.batch_size})"),
         (train.lr > 0, f"train.lr must be > 0 (got {train.lr})"),
         (0 < train.loss_decay <= 1, f"train.loss_decay (lambda) must be in (0, 1] (got {train.loss_decay})"),
         (train.eval_sequences >= 1, f"train.eval_sequences must be >= 1 (got {train.eval_sequences})"),
         (train.eval_top_k >= 1, f"train.eval_top_k must be >= 1 (got {train.eval_top_k})"),
         (train.max_length >= 3, f"train.max_length must be >= 3 (got {train.max_length})"),
-        (train.amp_dtype in (None, "bfloat16", "float16"),
-         f"train.amp_dtype must be null, bfloat16 or float16 (got {train.amp_dtype})"),
+        (
+            train.amp_dtype in (None, "bfloat16", "float16"),
+            f"train.amp_dtype must be null, bfloat16 or float16 (got {train.amp_dtype})",
+        ),
     ]
     problems = [message for ok, message in checks if not ok]
     if problems:
@@ -82,8 +86,7 @@ def head_labels(ids: torch.Tensor, start: int, rows: int, num_heads: int) -> tor
 
 
 @torch.no_grad()
-def extract_features(backbone, data: list[SelfDistilled], num_heads: int, max_length: int,
-                     progress: bool) -> Features:
+def extract_features(backbone, data: list[SelfDistilled], num_heads: int, max_length: int, progress: bool) -> Features:
     """h_t for every answer position t that has a head-1 target (t + 2 inside the sequence), once."""
     hidden, labels = [], []
     device = next(backbone.parameters()).device
@@ -94,7 +97,7 @@ def extract_features(backbone, data: list[SelfDistilled], num_heads: int, max_le
         if rows < 1:
             continue
         states = backbone(input_ids=ids[None].to(device)).last_hidden_state[0]  # [T, H]
-        hidden.append(states[start:start + rows].cpu())
+        hidden.append(states[start : start + rows].cpu())
         labels.append(head_labels(ids, start, rows, num_heads))
     if not hidden:
         raise ConfigError("no training positions: every self-distilled answer is shorter than 2 tokens")
@@ -119,8 +122,7 @@ def head_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy per head [K] from logits [K, B, V] and labels [B, K] (0 where a head has no label)."""
     losses = []
     for k in range(logits.shape[0]):
-        total = torch.nn.functional.cross_entropy(logits[k].float(), labels[:, k], ignore_index=IGNORE,
-                                                  reduction="sum")
+        total = torch.nn.functional.cross_entropy(logits[k].float(), labels[:, k], ignore_index=IGNORE, reduction="sum")
         losses.append(total / (labels[:, k] != IGNORE).sum().clamp(min=1))
     return torch.stack(losses)
 
@@ -145,7 +147,7 @@ def train_heads(heads: MedusaHeads, train: Features, cfg, device: torch.device, 
     """AdamW on ``sum_k lambda_k CE_k`` until train.max_steps or train.max_minutes; returns a record."""
     params = [p for p in heads.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    weights = torch.tensor([cfg.loss_decay ** k for k in range(1, heads.num_heads + 1)], device=device)  # lambda_k
+    weights = torch.tensor([cfg.loss_decay**k for k in range(1, heads.num_heads + 1)], device=device)  # lambda_k
     generator = seeded(cfg.seed)
     order, cursor, seen = torch.randperm(len(train), generator=generator), 0, 0
     budget_s = cfg.max_minutes * 60 if cfg.max_minutes else math.inf
@@ -158,7 +160,7 @@ def train_heads(heads: MedusaHeads, train: Features, cfg, device: torch.device, 
             group["lr"] = cfg.lr * lr_factor(step, progress_now, cfg.warmup_steps)
         if cursor >= len(order):
             order, cursor = torch.randperm(len(train), generator=generator), 0
-        index = order[cursor:cursor + cfg.batch_size]
+        index = order[cursor : cursor + cfg.batch_size]
         cursor, seen = cursor + len(index), seen + len(index)
         with autocast(device, cfg.amp_dtype):
             logits = heads(train.hidden[index].to(device, torch.float32))  # [K, B, V]
@@ -171,9 +173,13 @@ def train_heads(heads: MedusaHeads, train: Features, cfg, device: torch.device, 
         bar.update(1)
         bar.set_postfix(loss=" ".join(f"{x:.2f}" for x in losses.tolist()))
     bar.close()
-    return {"steps": step, "seconds": round(time.monotonic() - start, 1), "epochs": round(seen / len(train), 3),
-            "stopped_by": "max_steps" if step >= cfg.max_steps else "max_minutes",
-            "last_batch_loss": [round(x, 4) for x in losses.tolist()] if losses is not None else None}
+    return {
+        "steps": step,
+        "seconds": round(time.monotonic() - start, 1),
+        "epochs": round(seen / len(train), 3),
+        "stopped_by": "max_steps" if step >= cfg.max_steps else "max_minutes",
+        "last_batch_loss": [round(x, 4) for x in losses.tolist()] if losses is not None else None,
+    }
 
 
 @torch.no_grad()
@@ -184,8 +190,8 @@ def evaluate(heads: MedusaHeads, features: Features, top_k: int, batch_size: int
     seen = torch.zeros(num_heads)
     loss_sum = torch.zeros(num_heads)
     for begin in range(0, len(features), batch_size):
-        logits = heads(features.hidden[begin:begin + batch_size].to(device, torch.float32)).float()  # [K, B, V]
-        labels = features.labels[begin:begin + batch_size].to(device)  # [B, K]
+        logits = heads(features.hidden[begin : begin + batch_size].to(device, torch.float32)).float()  # [K, B, V]
+        labels = features.labels[begin : begin + batch_size].to(device)  # [B, K]
         for k in range(num_heads):
             valid = labels[:, k] != IGNORE
             rows, targets = logits[k][valid], labels[valid, k]  # [b, V], [b]
@@ -195,18 +201,23 @@ def evaluate(heads: MedusaHeads, features: Features, top_k: int, batch_size: int
             seen[k] += valid.sum().cpu()
             loss_sum[k] += torch.nn.functional.cross_entropy(rows, targets, reduction="sum").cpu()
     rank_accuracy = counts / seen.clamp(min=1)[:, None]  # [K, top_k]
-    return {"positions": int(seen[0]), "top_k": top_k,
-            "top1": [round(x, 4) for x in rank_accuracy[:, 0].tolist()],
-            "topk": [round(x, 4) for x in rank_accuracy.sum(dim=1).tolist()],
-            "loss": [round(x, 4) for x in (loss_sum / seen.clamp(min=1)).tolist()],
-            "rank_accuracy": [[round(a, 5) for a in row] for row in rank_accuracy.tolist()]}
+    return {
+        "positions": int(seen[0]),
+        "top_k": top_k,
+        "top1": [round(x, 4) for x in rank_accuracy[:, 0].tolist()],
+        "topk": [round(x, 4) for x in rank_accuracy.sum(dim=1).tolist()],
+        "loss": [round(x, 4) for x in (loss_sum / seen.clamp(min=1)).tolist()],
+        "rank_accuracy": [[round(a, 5) for a in row] for row in rank_accuracy.tolist()],
+    }
 
 
 def split(data: list[SelfDistilled], eval_sequences: int, seed: int) -> tuple[list, list]:
     """(train, held-out) sequences after a seeded shuffle; the held-out ones are never trained on."""
     if eval_sequences >= len(data):
-        raise ConfigError(f"train.eval_sequences ({eval_sequences}) must be below the number of "
-                          f"self-distilled sequences ({len(data)})")
+        raise ConfigError(
+            f"train.eval_sequences ({eval_sequences}) must be below the number of "
+            f"self-distilled sequences ({len(data)})"
+        )
     order = torch.randperm(len(data), generator=seeded(seed)).tolist()
     return [data[i] for i in order[eval_sequences:]], [data[i] for i in order[:eval_sequences]]
 
@@ -237,8 +248,12 @@ def main(overrides: list[str]) -> Path:
     lm = load_target(cfg)
     data = self_distilled(lm, cfg.prompts, cfg.data_dir, progress=cfg.progress)
     folder = Path(cfg.output_dir) if cfg.output_dir else trained_dir(lm.name)
-    settings = {"model": model_identity(lm), "data": digest([[d.prompt_ids, d.output_ids] for d in data]),
-                "heads": container(cfg.heads), "train": container(cfg.train)}
+    settings = {
+        "model": model_identity(lm),
+        "data": digest([[d.prompt_ids, d.output_ids] for d in data]),
+        "heads": container(cfg.heads),
+        "train": container(cfg.train),
+    }
     settings_digest = digest(settings)
     previous = None if cfg.force else already_trained(folder, settings_digest)
     if previous is not None:
@@ -252,15 +267,25 @@ def main(overrides: list[str]) -> Path:
     device = lm.model.device
     torch.manual_seed(cfg.train.seed)
     heads = build_heads(lm.model.get_output_embeddings(), cfg.heads, device)
-    print(f"[specbench] training {cfg.heads.num_heads} Medusa heads on {len(train)} positions "
-          f"({len(train_data)} sequences); {len(held_out)} held-out positions")
+    print(
+        f"[specbench] training {cfg.heads.num_heads} Medusa heads on {len(train)} positions "
+        f"({len(train_data)} sequences); {len(held_out)} held-out positions"
+    )
     result = train_heads(heads, train, cfg.train, device, cfg.progress)
     accuracy = evaluate(heads, held_out, cfg.train.eval_top_k, cfg.train.batch_size, device)
     print(accuracy_table(accuracy))
-    record = {"digest": settings_digest, **settings, "data_summary": data_summary(data),
-              "train_positions": len(train), "result": result, "accuracy": accuracy,
-              "rank_accuracy": accuracy["rank_accuracy"]}
+    record = {
+        "digest": settings_digest,
+        **settings,
+        "data_summary": data_summary(data),
+        "train_positions": len(train),
+        "result": result,
+        "accuracy": accuracy,
+        "rank_accuracy": accuracy["rank_accuracy"],
+    }
     save_heads(heads, folder, lm.path, record)
-    print(f"[specbench] Medusa heads saved to {folder} ({result['steps']} steps, {result['seconds']} s, "
-          f"stopped by {result['stopped_by']})")
+    print(
+        f"[specbench] Medusa heads saved to {folder} ({result['steps']} steps, {result['seconds']} s, "
+        f"stopped by {result['stopped_by']})"
+    )
     return folder

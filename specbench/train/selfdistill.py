@@ -31,16 +31,23 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from specbench.core.acceptance import sampling_problems
 from specbench.data.prompts import conversation, render
 from specbench.errors import ConfigError
-from specbench.models.embedded import cache_root
+from specbench.files import write_atomic
 from specbench.models.loading import LoadedModel
-from specbench.store import write_atomic
+from specbench.paths import cache_root
 from specbench.train.common import container, digest, model_identity
 from specbench.train.sources import SOURCES, drop_evaluation_prompts, source_prompts
 
 FORMAT_VERSION = 1
 GENERATION_KEYS = ("max_new_tokens", "temperature", "top_p", "seed", "teacher_topk")
-PROMPT_KEYS = ("sources", "per_source_limit", "max_prompts", "shuffle_seed", "max_prompt_tokens",
-               "prompt_format", "system_prompt")
+PROMPT_KEYS = (
+    "sources",
+    "per_source_limit",
+    "max_prompts",
+    "shuffle_seed",
+    "max_prompt_tokens",
+    "prompt_format",
+    "system_prompt",
+)
 
 
 @dataclass
@@ -49,7 +56,7 @@ class SelfDistilled:
 
     prompt_ids: list[int]
     output_ids: list[int]  # the target's own response (greedy by default), EOS included if emitted
-    source: str = ""       # the prompt source it came from (prompts.sources)
+    source: str = ""  # the prompt source it came from (prompts.sources)
     # The target's next-token distribution at each answer position, as it generated it: the ids and
     # log-probabilities of its top prompts.teacher_topk tokens, best first ([len(output_ids)][k]);
     # None when teacher_topk = 0. Soft labels for distillation at no extra target forward.
@@ -106,10 +113,14 @@ def rendered_prompts(tokenizer, prompts_cfg, tagged: list[tuple[str, str]]) -> l
 def header_for(lm: LoadedModel, prompts_cfg, prompts: list[tuple[str, list[int]]]) -> dict:
     """Everything that determines the cached answers (the digest covers the prompts' token ids)."""
     settings = container(prompts_cfg)
-    header = {"format": FORMAT_VERSION, "model": model_identity(lm),
-              "generation": {k: settings[k] for k in GENERATION_KEYS},
-              "prompts": {k: settings[k] for k in PROMPT_KEYS}, "n_prompts": len(prompts),
-              "prompt_ids_digest": digest(prompts)}
+    header = {
+        "format": FORMAT_VERSION,
+        "model": model_identity(lm),
+        "generation": {k: settings[k] for k in GENERATION_KEYS},
+        "prompts": {k: settings[k] for k in PROMPT_KEYS},
+        "n_prompts": len(prompts),
+        "prompt_ids_digest": digest(prompts),
+    }
     return {**header, "digest": digest(header)}
 
 
@@ -172,10 +183,14 @@ def generation_config(prompts_cfg, eos_ids: frozenset[int]) -> GenerationConfig:
     """A complete GenerationConfig, so nothing is inherited from the checkpoint's defaults."""
     greedy = prompts_cfg.temperature <= 0
     return GenerationConfig(
-        max_new_tokens=prompts_cfg.max_new_tokens, do_sample=not greedy,
-        temperature=None if greedy else prompts_cfg.temperature, top_p=None if greedy else prompts_cfg.top_p,
-        top_k=None if greedy else 0, eos_token_id=sorted(eos_ids) or None,
-        pad_token_id=min(eos_ids) if eos_ids else 0)
+        max_new_tokens=prompts_cfg.max_new_tokens,
+        do_sample=not greedy,
+        temperature=None if greedy else prompts_cfg.temperature,
+        top_p=None if greedy else prompts_cfg.top_p,
+        top_k=None if greedy else 0,
+        eos_token_id=sorted(eos_ids) or None,
+        pad_token_id=min(eos_ids) if eos_ids else 0,
+    )
 
 
 class TopKRecorder(LogitsProcessor):
@@ -187,7 +202,7 @@ class TopKRecorder(LogitsProcessor):
 
     def __init__(self, k: int):
         self.k = k
-        self.ids: list[torch.Tensor] = []       # per step: [batch, k]
+        self.ids: list[torch.Tensor] = []  # per step: [batch, k]
         self.logprobs: list[torch.Tensor] = []  # per step: [batch, k]
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
@@ -203,36 +218,48 @@ class TopKRecorder(LogitsProcessor):
         return ids, [[[round(v, 4) for v in step] for step in row] for row in logprobs]
 
 
-def generate_batch(lm: LoadedModel, prompts: list[list[int]], config: GenerationConfig,
-                   teacher_topk: int) -> list[dict]:
+def generate_batch(
+    lm: LoadedModel, prompts: list[list[int]], config: GenerationConfig, teacher_topk: int
+) -> list[dict]:
     """The target's answers to a batch of prompts (one left-padded ``generate``), with top-k records."""
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), config.pad_token_id, dtype=torch.long)  # [batch, width]
     mask = torch.zeros_like(ids)
     for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt):] = torch.tensor(prompt)
-        mask[row, width - len(prompt):] = 1
+        ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        mask[row, width - len(prompt) :] = 1
     recorder = TopKRecorder(teacher_topk) if teacher_topk > 0 else None
     device = lm.model.device
     with torch.inference_mode():
-        out = lm.model.generate(ids.to(device), attention_mask=mask.to(device), generation_config=config,
-                                logits_processor=LogitsProcessorList([recorder] if recorder else []))
+        out = lm.model.generate(
+            ids.to(device),
+            attention_mask=mask.to(device),
+            generation_config=config,
+            logits_processor=LogitsProcessorList([recorder] if recorder else []),
+        )
     answers = [cut_at_eos(row, lm.eos_ids) for row in out[:, width:].tolist()]
     if recorder is None:
         return [{"output_ids": answer} for answer in answers]
     topk_ids, topk_logprobs = recorder.rows()
-    return [{"output_ids": answer, "topk_ids": topk_ids[row][: len(answer)],
-             "topk_logprobs": topk_logprobs[row][: len(answer)]} for row, answer in enumerate(answers)]
+    return [
+        {
+            "output_ids": answer,
+            "topk_ids": topk_ids[row][: len(answer)],
+            "topk_logprobs": topk_logprobs[row][: len(answer)],
+        }
+        for row, answer in enumerate(answers)
+    ]
 
 
 def batches(pending: list[int], lengths: list[int], batch_size: int) -> list[list[int]]:
     """Pending prompt indices grouped by similar length (less padding), in a deterministic order."""
     ordered = sorted(pending, key=lambda i: (lengths[i], i))
-    return [ordered[i:i + batch_size] for i in range(0, len(ordered), batch_size)]
+    return [ordered[i : i + batch_size] for i in range(0, len(ordered), batch_size)]
 
 
-def generate_missing(lm: LoadedModel, prompts_cfg, prompts: list[tuple[str, list[int]]], header: dict,
-                     partial: Path, progress: bool) -> None:
+def generate_missing(
+    lm: LoadedModel, prompts_cfg, prompts: list[tuple[str, list[int]]], header: dict, partial: Path, progress: bool
+) -> None:
     """Generate every prompt without a record in ``partial``, appending each batch as it finishes."""
     done = read_records(partial, header["digest"])
     if done:
@@ -242,14 +269,20 @@ def generate_missing(lm: LoadedModel, prompts_cfg, prompts: list[tuple[str, list
     write_atomic(partial, "".join(json.dumps(line) + "\n" for line in lines))
     pending = [i for i in range(len(prompts)) if i not in done]
     config = generation_config(prompts_cfg, lm.eos_ids)
-    bar = tqdm(total=len(prompts), initial=len(done), desc=f"self-distill {lm.name}", unit="prompt",
-               disable=not progress)
+    bar = tqdm(
+        total=len(prompts), initial=len(done), desc=f"self-distill {lm.name}", unit="prompt", disable=not progress
+    )
     start, tokens = time.perf_counter(), 0
     for batch in batches(pending, [len(ids) for _, ids in prompts], prompts_cfg.batch_size):
         torch.manual_seed(prompts_cfg.seed + batch[0])  # sampling only: reproducible per batch, on resume too
         answers = generate_batch(lm, [prompts[i][1] for i in batch], config, prompts_cfg.teacher_topk)
-        append_lines(partial, [{"index": i, "source": prompts[i][0], "prompt_ids": prompts[i][1], **answer}
-                               for i, answer in zip(batch, answers)])
+        append_lines(
+            partial,
+            [
+                {"index": i, "source": prompts[i][0], "prompt_ids": prompts[i][1], **answer}
+                for i, answer in zip(batch, answers)
+            ],
+        )
         tokens += sum(len(answer["output_ids"]) for answer in answers)
         bar.update(len(batch))
         bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - start):.0f}")
@@ -259,8 +292,10 @@ def generate_missing(lm: LoadedModel, prompts_cfg, prompts: list[tuple[str, list
 def load_cache(path: Path, data_digest: str) -> list[SelfDistilled]:
     """The finished cache file as SelfDistilled records in prompt order."""
     records = read_records(path, data_digest)
-    return [SelfDistilled(r["prompt_ids"], r["output_ids"], r.get("source", ""), r.get("topk_ids"),
-                          r.get("topk_logprobs")) for _, r in sorted(records.items())]
+    return [
+        SelfDistilled(r["prompt_ids"], r["output_ids"], r.get("source", ""), r.get("topk_ids"), r.get("topk_logprobs"))
+        for _, r in sorted(records.items())
+    ]
 
 
 def self_distilled(lm: LoadedModel, prompts_cfg, data_dir, progress=True) -> list[SelfDistilled]:
@@ -268,8 +303,10 @@ def self_distilled(lm: LoadedModel, prompts_cfg, data_dir, progress=True) -> lis
     validate(prompts_cfg)
     prompts = rendered_prompts(lm.tokenizer, prompts_cfg, tagged_prompts(prompts_cfg, data_dir))
     if not prompts:
-        raise ConfigError("no training prompts left: the sources gave none, or every prompt is longer than "
-                          f"prompts.max_prompt_tokens={prompts_cfg.max_prompt_tokens}")
+        raise ConfigError(
+            "no training prompts left: the sources gave none, or every prompt is longer than "
+            f"prompts.max_prompt_tokens={prompts_cfg.max_prompt_tokens}"
+        )
     header = header_for(lm, prompts_cfg, prompts)
     path = cache_path(lm.name, header["digest"])
     if not path.is_file():
@@ -279,15 +316,18 @@ def self_distilled(lm: LoadedModel, prompts_cfg, data_dir, progress=True) -> lis
                 generate_missing(lm, prompts_cfg, prompts, header, partial, progress)
                 os.replace(partial, path)
     data = load_cache(path, header["digest"])
-    print(f"[specbench] self-distilled data: {len(data)} answers, "
-          f"{sum(len(d.output_ids) for d in data)} tokens in {path}")
+    print(
+        f"[specbench] self-distilled data: {len(data)} answers, {sum(len(d.output_ids) for d in data)} tokens in {path}"
+    )
     return data
 
 
 def data_summary(data: list[SelfDistilled]) -> dict:
     """Counts of a self-distilled data set: sequences, prompt and answer tokens, sequences per source."""
     sources = sorted({d.source for d in data})
-    return {"sequences": len(data), "prompt_tokens": sum(len(d.prompt_ids) for d in data),
-            "answer_tokens": sum(len(d.output_ids) for d in data),
-            "by_source": {s: sum(d.source == s for d in data) for s in sources}}
-
+    return {
+        "sequences": len(data),
+        "prompt_tokens": sum(len(d.prompt_ids) for d in data),
+        "answer_tokens": sum(len(d.output_ids) for d in data),
+        "by_source": {s: sum(d.source == s for d in data) for s in sources},
+    }

@@ -63,7 +63,8 @@ def sharegpt(prompts_cfg, data_dir: str | None) -> list[str]:
         if not hub_reachable():
             raise DataUnavailable(
                 f"prompt source 'sharegpt' needs the Hugging Face Hub ({options.hub_id}, file {options.file}) "
-                f"or that file in data_dir, and the Hub cannot be reached; {OFFLINE_ADVICE}")
+                f"or that file in data_dir, and the Hub cannot be reached; {OFFLINE_ADVICE}"
+            )
         import datasets
 
         records = datasets.load_dataset(options.hub_id, data_files=options.file, split="train")
@@ -79,7 +80,10 @@ def first_human_turn(record: dict) -> str | None:
 
 
 SOURCES: dict[str, Callable[[object, str | None], list[str]]] = {
-    "mbpp_train": mbpp_train, "dolly_dev": dolly_dev, "sharegpt": sharegpt}
+    "mbpp_train": mbpp_train,
+    "dolly_dev": dolly_dev,
+    "sharegpt": sharegpt,
+}
 
 
 def source_prompts(name: str, prompts_cfg, data_dir: str | None) -> list[str]:

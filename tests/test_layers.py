@@ -1,0 +1,79 @@
+"""The package's layering: a module imports only from its own layer or lower ones (docs/design.md#layers)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+LAYERS = [  # lowest first; a module belongs to the first layer whose prefix it matches
+    ("foundation", ("specbench.errors", "specbench.schema", "specbench.config", "specbench.environment",
+                    "specbench.hub", "specbench.files", "specbench.paths", "specbench.store")),
+    ("core", ("specbench.core",)),
+    ("parts", ("specbench.structures", "specbench.models", "specbench.data", "specbench.corpus", "specbench.train")),
+    ("drafters", ("specbench.drafters",)),
+    ("runner", ("specbench.runner", "specbench.engines", "specbench.metrics")),
+    ("apps", ("specbench.bench", "specbench.report", "specbench.reproduce", "specbench.profile",
+              "specbench.parity", "specbench.__main__")),
+]
+SHARED_DRAFTER_PARTS = {"specbench.drafters.draft_model", "specbench.drafters.ngram_chain",
+                        "specbench.drafters.jacobi"}
+"""The drafter modules other drafters may build on (a method never imports another method's drafter)."""
+
+
+def module_name(path: Path) -> str:
+    """``specbench/core/loop.py`` -> ``specbench.core.loop`` (a package's ``__init__`` -> the package)."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer(module: str) -> int:
+    """Index of the module's layer in LAYERS (the package itself sits at the bottom)."""
+    if module == "specbench":
+        return 0
+    for index, (_, prefixes) in enumerate(LAYERS):
+        if any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes):
+            return index
+    raise AssertionError(f"{module} belongs to no layer: add it to LAYERS in tests/test_layers.py")
+
+
+def imports(path: Path) -> set[str]:
+    """The specbench modules one file imports (at any depth of the file, lazy imports included)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("specbench"):
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("specbench"))
+    return found
+
+
+MODULES = sorted((ROOT / "specbench").rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda path: module_name(path))
+def test_no_module_imports_from_a_higher_layer(path):
+    """core <- structures/models <- drafters <- runner <- bench/report/reproduce, never upward."""
+    own = module_name(path)
+    upward = sorted(target for target in imports(path) if layer(target) > layer(own))
+    assert not upward, f"{own} ({LAYERS[layer(own)][0]}) imports from higher layers: {upward}"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "specbench" / "drafters").glob("*.py")), ids=lambda p: p.stem)
+def test_drafters_share_code_only_through_common_parts(path):
+    """A method's drafter builds on the shared drafter parts, never on another method's drafter."""
+    own = module_name(path)
+    borrowed = sorted(target for target in imports(path) if target.startswith("specbench.drafters.")
+                      and target != own and target not in SHARED_DRAFTER_PARTS)
+    assert not borrowed, f"{own} imports other methods' drafters: {borrowed}"
+
+
+def test_the_layer_check_catches_an_upward_import(tmp_path):
+    """Negative control: a core module importing the runner is reported."""
+    assert layer("specbench.core.loop") < layer("specbench.runner")
+    fake = tmp_path / "loop.py"
+    fake.write_text("from specbench.runner import Runner\n")
+    assert any(layer(target) > layer("specbench.core.loop") for target in imports(fake))

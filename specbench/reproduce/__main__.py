@@ -1,12 +1,14 @@
 """``python -m specbench.reproduce``: run a scale's experiments, then build its tables and figures.
 
     python -m specbench.reproduce [all|run|build|list] [--scale smoke|paper] [--only NAME ...]
-                                  [--results-root DIR] [OVERRIDE ...]
+                                  [--results-root DIR] [--coverage] [--gpu a100] [OVERRIDE ...]
 
 ``run`` runs the plan's experiments (resuming: complete runs are not repeated) and latency profiles,
 ``build`` writes the tables (Markdown, LaTeX, CSV) and figures (PNG, PDF) from the stored results,
-``all`` does both (what ``make reproduce-tables`` calls), ``list`` shows the plan. Trailing Hydra
-overrides (``device=cuda``, ``dtype=bfloat16``, ...) go to every experiment.
+``all`` does both (what ``make reproduce-tables`` calls), ``list`` shows the plan with its cost (jobs,
+samples, generated tokens, forwards and GPU-hours per experiment; ``specbench.reproduce.cost``), and
+``list --coverage`` which job fills each published number, or why none can (``specbench.reproduce.coverage``).
+Trailing Hydra overrides (``device=cuda``, ``dtype=bfloat16``, ...) go to every experiment.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import Sequence
 
 from specbench.errors import UserError
-from specbench.reproduce.plan import load_plan, run_plan, scales
+from specbench.reproduce.plan import load_plan, run_plan, scales, select
 
 ACTIONS = ("all", "run", "build", "list")
 
@@ -32,8 +34,30 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these experiments of the plan")
     parser.add_argument("--results-root", type=Path, metavar="DIR",
                         help="runs folder instead of the plan's (e.g. to measure this machine beside the stored runs)")
+    parser.add_argument("--coverage", action="store_true",
+                        help="list: every paper_values row with the jobs that fill it or the reason none can")
+    parser.add_argument("--gpu", default="a100", help="list: the GPU of the cost estimate (conf/reproduce/gpus/)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every experiment")
     return parser
+
+
+def list_text(plan, only: list[str] | None, coverage: bool, gpu: str) -> str:
+    """``list``: the plan's cost table, or (``coverage``) the coverage of the published numbers."""
+    from specbench.reproduce.cost import LatencyModel, cost_table, cost_text, estimate
+    from specbench.reproduce.coverage import coverage as covered
+    from specbench.reproduce.coverage import coverage_text, plan_jobs
+    from specbench.reproduce.tables import paper_values
+
+    names = select(plan, only)
+    jobs = plan_jobs(plan, names)
+    if coverage:
+        subset = (f"Only the jobs of {', '.join(names)} (--only): rows the plan's other experiments fill show as "
+                  "missing here.\n\n") if only else ""
+        return subset + coverage_text(covered(paper_values(), jobs, plan.stand_in_model))
+    latency = LatencyModel(gpu, plan.profile_root)
+    per_job = estimate(jobs, latency)
+    header = f"Plan `{plan.scale}`: {len(names)} experiments, {len(jobs)} jobs (conf/reproduce/{plan.scale}.yaml)\n\n"
+    return header + cost_text(per_job, cost_table(per_job, names), latency)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -44,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.results_root:
             plan = replace(plan, results_root=args.results_root.resolve())
         if args.action == "list":
-            print("\n".join(plan.experiments))
+            print(list_text(plan, args.only, args.coverage, args.gpu), end="")
             return
         if args.action in ("all", "run"):
             seconds = run_plan(plan, args.only, args.overrides)

@@ -41,6 +41,7 @@ LABELS = {  # column -> (legend symbol, axis label with unit)
     "acceptance_kwargs.posterior_threshold": ("ε", "posterior threshold ε (probability)"),
     "drafter.decoding_length": ("L_d", "decoding length L_d (tokens per forward)"),
     "drafter.branch_length": ("L_b", "branch length L_b (tokens)"),
+    "drafter.output_node_capacity_factor": ("capacity", "trie capacity (output nodes per L_d)"),
     "drafter.window_size": ("W", "window size W (columns)"),
     "drafter.ngram_size": ("N", "n-gram size N (tokens)"),
     "temperature": ("T", "temperature T"),
@@ -65,6 +66,11 @@ NODES, THRESHOLD = "drafter.nodes", "drafter.threshold"
 TREE_KIND, EPSILON = "drafter.tree.kind", "acceptance_kwargs.posterior_threshold"
 DECODING_LENGTH, BRANCH_LENGTH = "drafter.decoding_length", "drafter.branch_length"
 WINDOW, NGRAM = "drafter.window_size", "drafter.ngram_size"
+WARMUP, CAPACITY, CAPACITY_DEFAULT = "drafter.warmup.dataset", "drafter.output_node_capacity_factor", 16
+ABLATIONS = {"drafter.insert_prompt": "w/o prompt", "drafter.insert_output": "w/o output",  # conf/lookahead_ablation
+             "drafter.prune_min_trees": "w/o pruning", "drafter.eliminate_input": "w/o elimination"}
+PAPER_ABLATIONS = {"Lookahead": "full", "Lookahead W/o prompt": "w/o prompt", "Lookahead W/o output": "w/o output",
+                   "Lookahead W/o pruning": "w/o pruning", "Lookahead W/o elimin": "w/o elimination"}
 
 
 # --- selecting runs ----------------------------------------------------------------------------------
@@ -418,6 +424,81 @@ def lookahead_fig6_memory(results: Results, profile: pd.DataFrame) -> Figure | N
                        {"peak_memory_gib": f"peak memory (GiB, {kinds or 'unknown'})"}, log2=True)
 
 
+def lookahead_table5_rows(results: Results) -> pd.DataFrame:
+    """Hierarchical Lookahead on Dolly with the dev warm-up: full (r5_table4) and one Table 5 switch each
+    (r5_ablation), labelled, throughput relative to the full runs of the same model."""
+    runs = sweep(results.runs, ["lookahead"], "dolly", coupled=(WARMUP, *ABLATIONS))
+    runs = runs[runs.get(f"hp.{WARMUP}", pd.Series(np.nan, index=runs.index)).map(is_set)]
+    if runs.empty:
+        return runs
+    labels = [next((name for key, name in ABLATIONS.items() if is_set(row.get(f"hp.{key}"))), "full")
+              for _, row in runs.iterrows()]
+    runs = runs.assign(ablation=labels)
+    full = runs[runs["ablation"] == "full"].groupby("model")["throughput_total"].mean()
+    relative = runs["throughput_total"] / runs["model"].map(full).astype(float)
+    return runs.assign(relative=relative).dropna(subset=["relative"])
+
+
+def lookahead_table5_6(results: Results, profile: pd.DataFrame) -> Figure | None:
+    """Lookahead Tables 5 and 6 on the public substitute (Dolly, not the private AntRAG/AntGLM-10B): throughput
+    relative to full Lookahead per ablation, and relative to the 16 x L_d default per trie capacity, beside the
+    paper's AntRAG ratios (paper_values); a panel per table that has runs."""
+    from specbench.reproduce.tables import paper_values
+
+    values = paper_values()
+    values = values[values["paper"] == "lookahead"]
+    ablation = lookahead_table5_rows(results)
+    capacity = sweep(results.runs, ["lookahead"], "dolly", (CAPACITY,))
+    if not capacity.empty:
+        default = capacity[capacity[CAPACITY] == CAPACITY_DEFAULT].groupby("model")["throughput_total"].mean()
+        capacity = capacity.assign(relative=capacity["throughput_total"] / capacity["model"].map(default).astype(float))
+        capacity = capacity.dropna(subset=["relative"])
+    panels = [name for name, frame in (("table5", ablation), ("table6", capacity))
+              if not frame.empty and frame["ablation" if name == "table5" else CAPACITY].nunique() >= 2]
+    if not panels:
+        return None
+    fig, axes = new_figure(1, len(panels))
+    for ax, panel in zip(axes.flat, panels):
+        if panel == "table5":
+            paper = values[values["table"] == "Table 5"].set_index("paper_method")["value"]
+            paper = (paper / paper["Lookahead"]).rename(lambda name: PAPER_ABLATIONS.get(name, name))
+            order = ["full", *ABLATIONS.values()]
+            measured = ablation.groupby("ablation")["relative"].mean().reindex(order)
+            positions = np.arange(len(order))
+            ax.bar(positions - 0.2, measured.to_numpy(), 0.4, label="measured (Dolly)")
+            ax.bar(positions + 0.2, paper.reindex(order).to_numpy(), 0.4, label="paper (AntRAG)")
+            ax.set_xticks(positions, order, rotation=20, ha="right")
+            ax.set_ylabel("throughput / full Lookahead (×)")
+            ax.set_title("Table 5: ablations", fontsize=9)
+        else:
+            paper = values[values["table"] == "Table 6"]
+            factors = [float(parse_capacity(setting)) for setting in paper["setting"]]
+            paper = pd.Series(paper["value"].to_numpy(), index=factors).sort_index()
+            drawn = len(ax.lines)
+            plot_lines(ax, capacity, CAPACITY, "relative", [], log2=True)
+            for line in ax.lines[drawn:]:
+                line.set_label(f"measured (Dolly){'' if line.get_label().startswith('_') else ', ' + line.get_label()}")
+            ax.plot(paper.index, (paper / paper[float(CAPACITY_DEFAULT)]).to_numpy(), linestyle="--", marker="s",
+                    markersize=3, color="C3", label="paper (AntRAG)")
+            ax.set_ylabel(f"throughput / {CAPACITY_DEFAULT:g} × L_d capacity (×)")
+            ax.set_title("Table 6: trie capacity", fontsize=9)
+        ax.axhline(1.0, color="grey", linestyle=":", linewidth=0.8)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    shown = pd.concat([frame for frame in (ablation, capacity) if not frame.empty])
+    return finish(fig, "Lookahead Tables 5 and 6 on a public substitute: relative throughput\n" + scope(shown),
+                  run_footer(shown) + " | paper: AntGLM-10B on AntRAG (private), its ratios shown for the trend")
+
+
+def parse_capacity(setting: str) -> float:
+    """The output-node capacity factor a Table 6 row sets (the default when it sets none)."""
+    for item in str(setting).split(";"):
+        key, _, value = item.partition("=")
+        if key.strip() == f"method.{CAPACITY}":
+            return float(value)
+    return float(CAPACITY_DEFAULT)
+
+
 def lade_window_ngram(results: Results, profile: pd.DataFrame) -> Figure | None:
     """LADE W x N sweep (G = W): tokens per step and speedup over window size W x n-gram size N."""
     runs = sweep(results.runs, ["lade"], "mt_bench", (WINDOW, NGRAM), coupled=("drafter.guess_set_size",))
@@ -442,6 +523,7 @@ FIGURES: dict[str, Builder] = {
     "lookahead_fig1_latency": lookahead_fig1_latency,
     "lookahead_fig4_5_length_grid": lookahead_fig4_5_length_grid,
     "lookahead_fig6_memory": lookahead_fig6_memory,
+    "lookahead_table5_6": lookahead_table5_6,
     "lade_window_ngram": lade_window_ngram,
 }
 CATEGORY_FIGURES = frozenset({"self_draft_fig8_ablation", "medusa_fig4b_categories"})

@@ -10,24 +10,30 @@ speedups come from pairing each run with its AR run (report.match_ar) and carry 
 from __future__ import annotations
 
 import math
+from functools import cache
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import yaml
+from omegaconf import OmegaConf
 
+from specbench.config import CONF_DIR
 from specbench.reproduce.results import Results, format_value, setting_text, stamp
 
 PAPER_COLUMNS = ["paper", "table", "paper_model", "model", "draft", "dataset", "paper_method", "method",
-                 "setting", "temperature", "metric", "value", "std", "note"]
+                 "setting", "temperature", "metric", "value", "std", "note", "unfillable"]
 MEASURED_METRICS = {"throughput": "throughput_total", "speedup": "speedup", "tokens_per_step": "tokens_per_step",
                     "overhead": "overhead", "peak_memory_gib": "peak_memory_gib",
                     "draft_hit_ratio": "draft_efficiency"}
 CATEGORY_KEY = "category"
 DRAFTS_MEASURED = ("", "L-68M")
-"""Draft models our configs run: the model configs' drafts are LLaMA-68M (OPT-Tree's L-68M; at smoke scale the
-distilled draft stands in). Rows with L-1B, L-7B, V-7B or EAGLE drafts are not measured."""
+"""Drafts the stand-in scale measures: the stand-in's distilled draft stands in for LLaMA-68M (OPT-Tree's L-68M)."""
+DEFAULT_DRAFT_LABEL = "L-68M"
+"""The paper's name of a model config's draft when the config does not say (``draft.paper_label``): most model
+configs run LLaMA-68M; vicuna_33b runs Vicuna-7B (V-7B) and llama2_70b LLaMA-2-7B (L-7B), as OPT-Tree did.
+Rows with L-1B or EAGLE drafts are never measured (no such model / not implemented)."""
 TABLE_COLUMNS = ["paper_model", "draft", "dataset", "paper_method", "setting", "temperature", "metric", "paper",
                  "measured", "difference", "n_samples", "repeats", "speedup_ci", "measured_model", "note"]
 STATISTICS_COLUMNS = ["model", "dataset", "method", "setting", "temperature", "repeat", "n_common", "speedup",
@@ -48,6 +54,23 @@ def paper_values() -> pd.DataFrame:
     return values[PAPER_COLUMNS]
 
 
+@cache
+def model_draft(model: str) -> str:
+    """The paper's name of the draft a model config runs: its ``draft.paper_label`` (L-68M when unset)."""
+    path = CONF_DIR / "model" / f"{model}.yaml"
+    draft = OmegaConf.load(path).get("draft") if path.is_file() else None
+    return (draft or {}).get("paper_label") or DEFAULT_DRAFT_LABEL
+
+
+def draft_measured(row: pd.Series, stand_in: str | None) -> bool:
+    """Whether the runs of ``row``'s model use the row's draft: at a stand-in scale the stand-in's draft
+    stands in for ``DRAFTS_MEASURED`` only; at paper scale the draft must be the one the row's model config
+    runs (``model_draft``)."""
+    if stand_in:
+        return row["draft"] in DRAFTS_MEASURED
+    return row["draft"] in ("", model_draft(row["model"]))
+
+
 def parse_setting(text: str) -> dict:
     """``key=value;key=value`` -> {key: canonical value text} (YAML-parsed so 0.50 == 0.5, True == true)."""
     pairs = [item.split("=", 1) for item in text.split(";") if item.strip()]
@@ -63,7 +86,7 @@ def _yaml_value(text: str):
 def matching_runs(row: pd.Series, runs: pd.DataFrame, stand_in: str | None) -> pd.DataFrame:
     """The runs that measure one paper row: same model (or stand-in), dataset, method, T and knobs."""
     model = stand_in or row["model"]
-    if not (model and row["method"] and row["dataset"]) or row["draft"] not in DRAFTS_MEASURED:
+    if not (model and row["method"] and row["dataset"]) or not draft_measured(row, stand_in):
         return runs.iloc[0:0]
     wanted = parse_setting(row["setting"])
     category = wanted.pop(CATEGORY_KEY, None)

@@ -1,4 +1,4 @@
-"""Medusa's static token trees (Cai et al. 2024, sections 3.1.2 and 3.3.3; ALGORITHMS.md 8.2).
+"""Medusa's static token trees (Cai et al. 2024, sections 3.1.2 and 3.3.3; docs/methods/medusa.md#static-trees).
 
 A tree is a set of rank paths ("medusa choices"): the path ``(i_1, ..., i_d)`` is the node at depth
 ``d`` that holds head ``d``'s ``i_d``-th top token (0-based) under the node ``(i_1, ..., i_{d-1})``;
@@ -10,17 +10,42 @@ the root (depth 0) is the committed token. Three ways to get one:
   the node budget is spent. Values never grow along a path (accuracies are <= 1), so the greedy
   always takes a largest value left anywhere, hence the sum of the ``n`` largest values: optimal;
 - an explicit list of paths (e.g. a tree published with a checkpoint).
+
+The trees the Medusa authors published (``medusa_trees/<name>.json``: ``mc_sim_7b_63`` and the
+per-model ``*_stage1`` / ``*_stage2`` trees) ship as data, in their published order. That order is the
+order of their greedy construction (every prefix of the list is itself a tree), so the first ``n``
+paths are the authors' sparse tree of ``n`` nodes.
 """
 
 from __future__ import annotations
 
 import heapq
+import json
 from dataclasses import dataclass
+from functools import cache
+from importlib import resources
 from itertools import product
 
 from specbench.errors import ConfigError
 
 RankPath = tuple[int, ...]
+TREES_FOLDER = "medusa_trees"
+
+
+def published_trees() -> list[str]:
+    """Names of the published trees shipped in ``medusa_trees/`` (sorted)."""
+    folder = resources.files("specbench.structures") / TREES_FOLDER
+    return sorted(entry.name[:-len(".json")] for entry in folder.iterdir() if entry.name.endswith(".json"))
+
+
+@cache
+def published_tree(name: str) -> tuple[RankPath, ...]:
+    """The rank paths of a published tree, in the published (greedy construction) order."""
+    if name not in published_trees():
+        raise ConfigError(f"no published Medusa tree named {name!r}; choose one of {published_trees()}")
+    data = json.loads((resources.files("specbench.structures") / TREES_FOLDER / f"{name}.json").read_text())
+    return tuple(tuple(int(rank) for rank in path) for path in data["paths"])
+
 
 def dense_paths(sizes: list[int]) -> list[RankPath]:
     """Cartesian-product tree: every node of depth d <= len(sizes) with rank i_k < s_k at each depth k."""

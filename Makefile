@@ -6,7 +6,8 @@ SHARED ?= $(abspath ../shared)
 export SPECBENCH_DATA_DIR ?= $(SHARED)/datasets
 export SPECBENCH_CORPUS_DIR ?= $(SHARED)/corpus/sotu_1946_2026
 
-.PHONY: install demo test lint bench-ar bench-model-free bench-draft bench-medusa bench-all train-draft train-medusa profile report \
+.PHONY: install demo test lint bench-ar bench-model-free bench-draft bench-medusa bench-eagle bench-all train-draft train-medusa \
+	train-eagle profile report \
 	reproduce-tables reproduce-run reproduce-build parity parity-lade parity-venv-lade clean
 
 SCALE ?= smoke
@@ -43,13 +44,19 @@ bench-medusa: install train-medusa  ## AR vs Medusa (trained heads), then tree-s
 	$(PY) -m specbench.bench medusa
 	$(PY) -m specbench.bench medusa_sweep
 
+bench-eagle: install train-draft train-medusa train-eagle  ## AR, Medusa, OPT-Tree, EAGLE, EAGLE-2, OPT-Tree over EAGLE at 25 nodes
+	$(PY) -m specbench.bench eagle
+
 train-draft: install  ## distill the embedded model's draft once (cached in $SPECBENCH_CACHE)
 	$(PY) -m specbench.train draft model=smollm2_135m
 
 train-medusa: install  ## train the embedded model's Medusa heads once (cached in $SPECBENCH_CACHE)
 	$(PY) -m specbench.train medusa model=smollm2_135m
 
-bench-all: install train-draft train-medusa  ## every method in one process: step time, time outside the forward, step breakdown
+train-eagle: install  ## train the embedded model's EAGLE head once (cached in $SPECBENCH_CACHE)
+	$(PY) -m specbench.train eagle model=smollm2_135m
+
+bench-all: install train-draft train-medusa train-eagle  ## every method in one process: step time, time outside the forward, step breakdown
 	$(PY) -m specbench.bench all_methods
 
 bench-ar: install  ## specbench AR vs HF generate greedy throughput on the same prompts, one process

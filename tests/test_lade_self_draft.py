@@ -8,6 +8,8 @@ import torch
 from specbench.core.acceptance import Sampling
 from specbench.core.loop import Decoder
 from specbench.core.tree import DraftTree, flatten
+from specbench.core.verify import cache_length, new_cache, prefill, prefill_with_tail
+from specbench.drafters.jacobi import random_prompt_tokens
 from specbench.drafters.lade import Lade, window_layout
 from specbench.drafters.self_draft import SelfDraft, branch_layout
 from specbench.errors import ConfigError
@@ -89,7 +91,7 @@ def test_self_draft_mask_is_block_diagonal_causal():
 
 def test_aux_rows_are_isolated_from_candidates_in_the_flat_pass():
     """Flattened: candidates never see aux rows, aux rows see the root and their own block only."""
-    drafter = Lade(window_size=3, ngram_size=3, guess_set_size=2)
+    drafter = Lade(window_size=3, ngram_size=3, guess_set_size=2, official_step_cap=False)  # whole candidates
     drafter.reset([1, 2, 3])
     drafter.levels = [[4, 5], [6, 7, 8]]  # a steady-state window: 3 columns x 2 levels
     drafter.pool.insert(9, (10, 11))
@@ -105,8 +107,17 @@ def test_aux_rows_are_isolated_from_candidates_in_the_flat_pass():
 # -- greedy == AR on the tiny model ---------------------------------------------------------------
 
 LADE_SETTINGS = [dict(window_size=15, ngram_size=5, guess_set_size=15), dict(window_size=4, ngram_size=3, guess_set_size=4),
-                 dict(window_size=1, ngram_size=2, guess_set_size=3), dict(window_size=5, ngram_size=7, guess_set_size=7),
-                 dict(window_size=5, ngram_size=4, guess_set_size=5, pool_from_prompt=True)]
+                 dict(window_size=1, ngram_size=2, guess_set_size=3, official_step_cap=False),
+                 dict(window_size=5, ngram_size=7, guess_set_size=7),
+                 dict(window_size=5, ngram_size=4, guess_set_size=5, pool_from_prompt=True),
+                 dict(window_size=5, ngram_size=5, guess_set_size=5, official_step_cap=False, prefill_window=False,
+                      window_eos="keep")]
+
+
+def lade_warmup_steps(settings: dict) -> int:
+    """Drafting-only steps: N-3 with the window started in the prefill (N >= 3), else N-2."""
+    n = settings["ngram_size"]
+    return n - 3 if settings.get("prefill_window", True) and n >= 3 else n - 2
 
 
 @pytest.mark.parametrize("settings", LADE_SETTINGS, ids=lambda s: "-".join(str(v) for v in s.values()))
@@ -117,18 +128,81 @@ def test_lade_greedy_equals_ar_tiny(tiny, settings):
         prompt = repetitive_prompt(seed)
         gen = run(tiny, drafter, prompt, 48, seed=seed)
         assert gen.output_ids == tiny_truth(tiny, seed, 48)
-        assert max(gen.accept_lengths) <= settings["ngram_size"]
+        capped = settings.get("official_step_cap", True)
+        assert max(gen.accept_lengths) <= settings["ngram_size"] - capped
         multi += sum(n > 1 for n in gen.accept_lengths)
         stats = drafter.stats()
-        assert stats["warmup_steps"] == min(settings["ngram_size"] - 2, stats["steps"])
+        assert stats["warmup_steps"] == min(lade_warmup_steps(settings), stats["steps"])
     assert multi > 0  # candidates were accepted
 
 
 def test_lade_official_cap_limits_steps_to_n_minus_1(tiny):
-    drafter = Lade(window_size=5, ngram_size=4, guess_set_size=5, official_step_cap=True)
+    drafter = Lade(window_size=5, ngram_size=4, guess_set_size=5)  # the cap is the default (official loop)
     gen = run(tiny, drafter, repetitive_prompt(1), 48)
     assert gen.output_ids == tiny_truth(tiny, 1, 48)
     assert max(gen.accept_lengths) == 3
+    uncapped = run(tiny, Lade(window_size=5, ngram_size=4, guess_set_size=5, official_step_cap=False),
+                   repetitive_prompt(1), 48)
+    assert uncapped.output_ids == gen.output_ids and max(uncapped.accept_lengths) == 4
+    with pytest.raises(ConfigError, match="official_step_cap=false"):
+        Lade(ngram_size=2)
+
+
+class SpyLade(Lade):
+    """Records the first decode step's window (level sizes and contents)."""
+
+    def propose(self, ctx):
+        tree = super().propose(ctx)
+        if not hasattr(self, "first_levels"):
+            self.first_levels = [list(level) for level in self.levels]
+        return tree
+
+
+def test_lade_window_starts_in_the_prefill_like_the_official_code(tiny):
+    """Level 0 rides after the prompt in the prefill; its argmax there is level 1 at the first decode step."""
+    prompt, w, n = repetitive_prompt(3), 4, 5
+    drafter = SpyLade(window_size=w, ngram_size=n, guess_set_size=4)
+    gen = run(tiny, drafter, prompt, 24, seed=7)
+    assert gen.output_ids == tiny_truth(tiny, 3, 24)
+    tail = random_prompt_tokens(prompt, w + n - 3, torch.Generator().manual_seed(7))  # the same draws
+    with torch.inference_mode():
+        logits = tiny(input_ids=torch.tensor([prompt + tail])).logits[0, -len(tail):]
+    assert drafter.first_levels == [tail[1:], logits.argmax(-1).tolist()]
+    assert drafter.stats()["warmup_steps"] == n - 3
+    late = SpyLade(window_size=w, ngram_size=n, guess_set_size=4, prefill_window=False)
+    run(tiny, late, prompt, 24, seed=7)
+    assert late.first_levels == [tail] and late.stats()["warmup_steps"] == n - 2
+
+
+def test_prefill_tail_leaves_the_cache_and_first_token_as_a_plain_prefill(tiny):
+    prompt = repetitive_prompt(2)
+    plain, tailed = new_cache(tiny, 64), new_cache(tiny, 64)
+    with torch.inference_mode():
+        first = prefill(tiny, plain, torch.tensor(prompt))
+        first_tailed, tail_logits = prefill_with_tail(tiny, tailed, torch.tensor(prompt), torch.tensor([5, 6, 7]))
+        alone = tiny(input_ids=torch.tensor([prompt + [5, 6, 7]])).logits[0, -3:]
+    assert cache_length(tailed) == cache_length(plain) == len(prompt)
+    assert first_tailed.argmax() == first.argmax() and torch.allclose(first_tailed, first, atol=1e-5)
+    assert torch.allclose(tail_logits, alone, atol=1e-4)
+    for a, b in zip(plain.layers, tailed.layers):
+        assert torch.allclose(a.keys, b.keys, atol=1e-5) and torch.allclose(a.values, b.values, atol=1e-5)
+
+
+def test_lade_window_eos_replace_or_keep():
+    drafter = Lade(window_size=3, ngram_size=3, guess_set_size=3)
+    drafter.eos_ids = frozenset({0})
+    drafter.reset([7, 8, 9])
+    drafter.generator = torch.Generator().manual_seed(0)
+    level = [0, 5, 0]
+    drafter._replace_eos(level)
+    assert 0 not in level and set(level) <= {5, 7, 8, 9}
+    keep = Lade(window_size=3, ngram_size=3, guess_set_size=3, window_eos="keep")
+    keep.eos_ids = frozenset({0})
+    level = [0, 5, 0]
+    keep._replace_eos(level)
+    assert level == [0, 5, 0]
+    with pytest.raises(ConfigError, match="window_eos"):
+        Lade(window_eos="drop")
 
 
 SELF_DRAFT_SETTINGS = [dict(), dict(branch_len=4, branch_num=3), dict(branch_len=2, branch_num=2),
@@ -268,6 +342,7 @@ def test_greedy_equals_ar_embedded(embedded, tmp_path, monkeypatch):
     sd.setup(model, embedded.tokenizer)
     assert len(sd.corpus_cache) > 0 and (tmp_path / "cache" / "corpus").is_dir()
     lade.setup(model, embedded.tokenizer)
+    longest = {}
     for question in QUESTIONS:
         prompt = chat_prompt(embedded, question)
         truth = ar_greedy(model, prompt, 40, eos).output_ids
@@ -275,4 +350,6 @@ def test_greedy_equals_ar_embedded(embedded, tmp_path, monkeypatch):
             with torch.inference_mode():
                 gen = Decoder(model, drafter, eos, Sampling()).generate(prompt, 40, torch.Generator().manual_seed(0))
             assert gen.output_ids == truth, type(drafter).__name__
-            assert max(gen.accept_lengths) > 1
+            name = type(drafter).__name__
+            longest[name] = max(longest.get(name, 1), *gen.accept_lengths)
+    assert set(longest) == {"Lade", "SelfDraft"} and min(longest.values()) > 1, longest  # each drafted somewhere

@@ -10,43 +10,29 @@ Every step runs ONE target forward over ``[x] + verification branch + lookahead 
   at most ``G`` tuples per key (LRU);
 - the *verification branch* is every pool tuple keyed by ``x`` (up to ``G``), merged into a trie.
 
-Warm-up (ALGORITHMS.md 3.3): level 0 starts as ``W+N-3`` random prompt tokens; for ``N-2`` steps the
-window grows one level per step (each level drops its first column as ``x`` advances) and nothing is
-verified. Then the window shifts by one level per step (``ALWAYS_FWD_ONE``).
+Warm-up (docs/methods/lade.md#warm-up): level 0 starts as ``W+N-3`` random prompt tokens that ride
+after the prompt in the prefill forward (``prefill_tail``), whose argmax gives level 1, as in the
+official code; for ``N-3`` more steps the window grows one level per step (each level drops its first
+column as ``x`` advances) and nothing is verified. Then the window shifts by one level per step
+(``ALWAYS_FWD_ONE``). ``prefill_window=false`` starts level 0 in the first decode step instead
+(``N-2`` warm-up steps, the prefill is the prompt alone).
 """
 
 from __future__ import annotations
 
 import functools
-import time
 
 import torch
 
+from specbench.core.drafter import DecodeContext, Drafter, knob_choice, knob_int
 from specbench.core.tree import AuxBlock, DraftTree
-from specbench.drafters.base import DecodeContext, Drafter
+from specbench.drafters.jacobi import random_prompt_tokens, row_argmax
 from specbench.errors import ConfigError
 from specbench.models.loading import eos_token_ids
 from specbench.structures.pool import NGramPool
 
-
-def random_prompt_tokens(prompt: list[int], n: int, generator: torch.Generator | None) -> list[int]:
-    """``n`` tokens drawn uniformly (with replacement) from ``prompt`` with the run's RNG."""
-    if n <= 0:
-        return []
-    picks = torch.randint(len(prompt), (n,), generator=generator).tolist()
-    return [prompt[i] for i in picks]
-
-
-def row_argmax(logits: torch.Tensor, start: int, stop: int) -> list[int]:
-    """Greedy tokens of rows ``start..stop-1`` of a logits block [m, vocab] (one device sync)."""
-    return logits[start:stop].argmax(dim=-1).tolist()
-
-
-def check_int(name: str, value, low: int, symbol: str) -> int:
-    """``value`` as an int >= ``low``, else a ConfigError naming the key and its paper symbol."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"drafter.{name} ({symbol}) must be an integer >= {low}, got {value!r}")
-    return value
+WINDOW_EOS = ("replace", "keep")
+"""``window_eos``: a Jacobi token equal to EOS is replaced by a random prompt token, or kept."""
 
 
 @functools.lru_cache(maxsize=64)
@@ -71,22 +57,30 @@ def window_layout(columns: int, levels: int) -> tuple[torch.Tensor, torch.Tensor
 class Lade(Drafter):
     """LADE drafter: lookahead window (aux rows) + n-gram pool + verification branch."""
 
+    COUNTERS = ("steps", "warmup_steps", "candidates", "steps_with_candidates", "aux_rows", "hit_steps",
+                "accepted_draft_tokens")
+
     def __init__(self, window_size: int = 15, ngram_size: int = 5, guess_set_size: int = 15,
-                 pool_from_prompt: bool = False, official_step_cap: bool = False):
-        self.window = check_int("window_size", window_size, 1, "W")
-        self.ngram = check_int("ngram_size", ngram_size, 2, "N")
-        self.guess = check_int("guess_set_size", guess_set_size, 1, "G")
+                 pool_from_prompt: bool = False, official_step_cap: bool = True, prefill_window: bool = True,
+                 window_eos: str = "replace"):
+        super().__init__()
+        self.window = knob_int("window_size", window_size, 1, "W")
+        self.ngram = knob_int("ngram_size", ngram_size, 2, "N")
+        self.guess = knob_int("guess_set_size", guess_set_size, 1, "G")
         if official_step_cap and ngram_size < 3:
-            raise ConfigError("drafter.official_step_cap needs ngram_size (N) >= 3: the cap verifies N-2 tokens")
+            raise ConfigError("method.drafter.official_step_cap needs ngram_size (N) >= 3: the cap verifies N-2 tokens "
+                              "(the official loop accepts nothing at N = 2); set official_step_cap=false for N = 2")
         self.pool_from_prompt = bool(pool_from_prompt)
         self.official_step_cap = bool(official_step_cap)
+        # the official start (level 0 rides in the prefill, level 1 comes free) needs a level 1 (N >= 3)
+        self.prefill_window = bool(prefill_window) and self.ngram >= 3
+        self.window_eos = knob_choice("window_eos", window_eos, WINDOW_EOS)
         self.eos_ids: frozenset[int] = frozenset()
         self.pool = NGramPool(self.guess, "guess_set_size")
         self.prompt: list[int] = []
         self.levels: list[list[int]] | None = None  # levels[0]: columns 1..; levels[l >= 1]: columns 0..
         self.generator: torch.Generator | None = None
         self.harvested = 0  # prompt pool: tokens before this index already keyed n-grams
-        self._reset_counters()
 
     # -- Drafter interface -------------------------------------------------------------------------
 
@@ -102,11 +96,22 @@ class Lade(Drafter):
         self.harvested = 0
         if self.pool_from_prompt:
             self._harvest(self.prompt)
-        self._reset_counters()
+
+    def prefill_tail(self, generator: torch.Generator | None) -> list[int]:
+        """The official start: level 0's ``W+N-3`` random prompt tokens ride after the prompt in the prefill."""
+        if not self.prefill_window:
+            return []
+        self.generator = generator
+        self.levels = [random_prompt_tokens(self.prompt, self.window + self.ngram - 3, generator)]
+        return list(self.levels[0])
+
+    def observe_prefill(self, tail_logits: torch.Tensor) -> None:
+        """Level 1 = the prefill's argmax at the level-0 tokens; level 0 drops its first (the first output's slot)."""
+        self.levels = [self.levels[0][1:], row_argmax(tail_logits, 0, tail_logits.shape[0])]
+        self._replace_eos(self.levels[-1])
 
     def propose(self, ctx: DecodeContext) -> DraftTree:
         """Verification branch = pool tuples keyed by ``x``; aux rows = the lookahead window."""
-        start = time.perf_counter()
         if self.levels is None:
             self.generator = ctx.generator
             self.levels = [random_prompt_tokens(self.prompt, self.window + self.ngram - 3, ctx.generator)]
@@ -115,20 +120,14 @@ class Lade(Drafter):
             candidates = [c[:self.ngram - 2] for c in candidates]
         tree = DraftTree.from_paths(ctx.root, candidates)
         tree.aux = self._window_block()
-        self.counts["steps"] += 1
-        self.counts["warmup_steps"] += self.warming_up
-        self.counts["candidates"] += len(candidates)
-        self.counts["steps_with_candidates"] += bool(candidates)
-        self.counts["aux_rows"] += len(tree.aux)
-        self.draft_s += time.perf_counter() - start
+        self.books.add(steps=1, warmup_steps=self.warming_up, candidates=len(candidates),
+                       steps_with_candidates=bool(candidates), aux_rows=len(tree.aux))
         return tree
 
     def observe(self, ctx, tree, verified, accepted) -> None:
         """Read the window's new Jacobi tokens, grow the pool, shift the window."""
-        start = time.perf_counter()
         accepted_drafts = len(accepted.path) - 1
-        self.counts["accepted_tokens"] += accepted_drafts
-        self.counts["hit_steps"] += accepted_drafts > 0
+        self.books.add(accepted_draft_tokens=accepted_drafts, hit_steps=accepted_drafts > 0)
         new = self._new_tokens(verified)
         if self.warming_up:
             self.levels = [level[1:] for level in self.levels] + [new[1:]]
@@ -139,24 +138,14 @@ class Lade(Drafter):
         self._replace_eos(self.levels[-1])
         if self.pool_from_prompt:
             self._harvest(ctx.tokens[self.harvested:] + accepted.emitted(tree))
-        self.draft_s += time.perf_counter() - start
 
     def stats(self) -> dict:
-        """Pool size, candidates and aux rows per step, hit rate, warm-up steps, drafting time."""
-        c = self.counts
-        steps = max(c["steps"], 1)
-        return {
-            "pool_keys": len(self.pool),
-            "pool_tuples": self.pool.num_tuples,
-            "steps": c["steps"],
-            "warmup_steps": c["warmup_steps"],
-            "candidates_per_step": c["candidates"] / steps,
-            "aux_rows_per_step": c["aux_rows"] / steps,
-            "steps_with_candidates": c["steps_with_candidates"],
-            "hit_rate": c["hit_steps"] / max(c["steps_with_candidates"], 1),
-            "accepted_draft_tokens": c["accepted_tokens"],
-            "draft_s": self.draft_s,
-        }
+        """Pool size, candidates and aux rows per step, hit rate, warm-up steps (counters of the books)."""
+        books = self.books
+        return {**books.report(), "pool_keys": len(self.pool), "pool_tuples": self.pool.num_tuples,
+                "candidates_per_step": books.per("candidates", "steps"),
+                "aux_rows_per_step": books.per("aux_rows", "steps"),
+                "hit_rate": books.per("hit_steps", "steps_with_candidates")}
 
     # -- internals ---------------------------------------------------------------------------------
 
@@ -164,12 +153,6 @@ class Lade(Drafter):
     def warming_up(self) -> bool:
         """True until all ``N-1`` levels of the window exist (no verification before that)."""
         return len(self.levels) < self.ngram - 1
-
-    def _reset_counters(self) -> None:
-        """Per-generation counters for ``stats``."""
-        self.counts = dict.fromkeys(("steps", "warmup_steps", "candidates", "steps_with_candidates",
-                                     "aux_rows", "hit_steps", "accepted_tokens"), 0)
-        self.draft_s = 0.0
 
     def _window_block(self) -> AuxBlock:
         """The current window as aux rows (layout cached per window shape)."""
@@ -195,7 +178,10 @@ class Lade(Drafter):
             self.pool.insert(key, (*(level[j] for level in upper), token))
 
     def _replace_eos(self, level: list[int]) -> None:
-        """Swap any EOS in a fresh level for a random prompt token (official ``filter_window``)."""
+        """Swap any EOS in a fresh level for a random prompt token (official ``filter_window``; not in
+        lade 0.0.2 on PyPI, whose window keeps it: ``window_eos=keep``)."""
+        if self.window_eos == "keep":
+            return
         for j, token in enumerate(level):
             if token in self.eos_ids:
                 level[j] = random_prompt_tokens(self.prompt, 1, self.generator)[0]

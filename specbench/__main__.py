@@ -7,8 +7,8 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+from specbench.cli import interrupted, run_hydra_app, user_errors
 from specbench.config import CONF_DIR
-from specbench.errors import UserError
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
@@ -17,20 +17,14 @@ def main(cfg: DictConfig) -> None:
     from specbench.report import format_table, table
     from specbench.runner import Runner
 
-    try:
-        out_dir = Runner(cfg).run()
-    except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
-    except KeyboardInterrupt:
-        print(
-            f"\ninterrupted: finished samples are saved in {cfg.output_dir}; rerun the same command to resume",
-            file=sys.stderr,
-        )
-        sys.exit(130)
+    with user_errors():
+        try:
+            out_dir = Runner(cfg).run()
+        except KeyboardInterrupt as stop:
+            interrupted(stop, f"finished samples are saved in {cfg.output_dir}; rerun the same command to resume")
     print(f"\nresults: {out_dir}")
     print(format_table(table([out_dir])))
 
 
 if __name__ == "__main__":
-    main()
+    run_hydra_app(main, "config")

@@ -34,14 +34,16 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from specbench import report
+from specbench.cli import interrupted, user_errors
 from specbench.config import CONF_DIR, compose_config
+from specbench.engines import check_method
 from specbench.environment import capture, dtype_name
-from specbench.errors import ConfigError, UserError
+from specbench.errors import ConfigError
 from specbench.files import write_atomic
 from specbench.metrics import aggregate
 from specbench.models.loading import LoadedModel, load_model, resolve_device, resolve_dtype
 from specbench.paths import workspace
-from specbench.runner import Runner
+from specbench.runner import Runner, validate
 from specbench.schema import PHASES, SAMPLE_FIELDS, SCHEMA_VERSION, SUMMARY_VERSION
 
 SUITES_DIR = CONF_DIR / "bench"
@@ -111,6 +113,9 @@ def entry_configs(suite: DictConfig, entries: list[Entry], args: argparse.Namesp
     if limit is not None:
         common.append(f"limit={limit}")
     configs = {entry.label: compose_config(*common, *entry.overrides) for entry in entries}
+    for cfg in configs.values():  # every entry's run knobs and drafter knobs, before the model loads
+        validate(cfg)
+        check_method(cfg.method)
     for part in ("model", "dataset"):
         if len({OmegaConf.to_yaml(cfg[part]) for cfg in configs.values()}) > 1:
             raise ConfigError(
@@ -341,19 +346,18 @@ def legacy_summary(payload: dict, entry: dict, records: list[dict], round_index:
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point: ``error: ...`` and exit 2 on a user error."""
     args = parse_args(argv)
-    try:
+    with user_errors(argv):
         if args.convert:
             for path in args.convert:
                 print(f"{path} -> {convert(path, args.out)}")
-            return 0
-        if args.list or not args.suite:
+        elif args.list or not args.suite:
             for name in suite_names():
                 print(f"{name:16s} {load_suite(name).get('description', '')}")
-            return 0
-        run(args)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        else:
+            try:
+                run(args)
+            except KeyboardInterrupt as stop:
+                interrupted(stop, "the session's finished generations are saved in its run folders")
     return 0
 
 

@@ -22,10 +22,10 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from specbench.cli import user_errors
 from specbench.config import compose_config
 from specbench.errors import ConfigError, DataUnavailable, UserError
 from specbench.hub import hub_reachable
@@ -243,9 +243,11 @@ def corpus_cache_for(tokenizer, corpus_cfg, progress: bool = True, rebuild: bool
     identity = cache_identity(tokenizer, spec)
     path = cache_path(spec, identity)
     if path.is_file() and not rebuild:
-        return CorpusCache.load(path, expect=identity)
-    cache = build_corpus_cache(tokenizer, spec, identity, progress)
-    cache.save(path)
+        cache = CorpusCache.load(path, expect=identity)
+    else:
+        cache = build_corpus_cache(tokenizer, spec, identity, progress)
+        cache.save(path)
+    cache.part = f"corpus:{path.stem}"
     return cache
 
 
@@ -319,12 +321,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; user and config errors are printed in one line (exit status 2)."""
     args = parse_args(argv)
-    try:
+    with user_errors(argv):
         cfg = compose_corpus_config(args.overrides)
         (build_command if args.command == "build" else show_command)(cfg)
-    except (UserError, HydraException) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
     return 0
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import copy
 import time
 
-import hydra
 import torch
 from transformers import GenerationConfig
 
+from specbench.config import instantiate_checked
 from specbench.core.acceptance import Sampling
-from specbench.core.loop import Decoder, Generation, synchronize
+from specbench.core.drafter import Drafter
+from specbench.core.loop import Decoder, Engine, Generation, synchronize
 from specbench.core.rules import acceptance_rule
 from specbench.drafters.draft_model import load_draft, vocab_width
 from specbench.errors import ConfigError
@@ -23,10 +24,17 @@ class HFGenerate:
     """transformers' ``generate`` on the same prompts; forwards are counted with a hook."""
 
     def __init__(
-        self, model, eos_ids: frozenset[int], sampling: Sampling, generate_kwargs: dict, call_kwargs: dict | None = None
+        self,
+        model,
+        eos_ids: frozenset[int],
+        sampling: Sampling,
+        generate_kwargs: dict,
+        call_kwargs: dict | None = None,
+        parts: list[str] | None = None,
     ):
         self.model = model
         self.call_kwargs = call_kwargs or {}  # generate() arguments that are not GenerationConfig fields
+        self.parts = parts or []  # the assistant draft of assisted generation
         self.settings = dict(
             do_sample=not sampling.greedy,
             temperature=sampling.temperature if not sampling.greedy else None,
@@ -40,6 +48,10 @@ class HFGenerate:
     def stats(self) -> dict:
         """HF generate exposes no drafter internals."""
         return {}
+
+    def artefacts(self) -> list[str]:
+        """The assistant draft, for assisted generation."""
+        return self.parts
 
     def generate(
         self, prompt_ids: list[int], max_new_tokens: int, generator: torch.Generator | None = None
@@ -79,8 +91,9 @@ class HFGenerate:
         )
 
 
-def hf_assistant(assistant_cfg, lm: LoadedModel) -> dict:
-    """generate() arguments for HF assisted generation with ``method.assistant.draft`` as the assistant.
+def hf_assistant(assistant_cfg, lm: LoadedModel) -> tuple[dict, str]:
+    """generate() arguments for HF assisted generation with ``method.assistant.draft`` as the assistant, and
+    the draft's part name.
 
     transformers reads num_assistant_tokens & co. from the ASSISTANT's generation config, so the other
     ``method.assistant`` keys are set there. A draft with another vocabulary size goes with both
@@ -95,26 +108,31 @@ def hf_assistant(assistant_cfg, lm: LoadedModel) -> dict:
     kwargs = {"assistant_model": model}
     if vocab_width(model) != vocab_width(lm.model):
         kwargs.update(tokenizer=lm.tokenizer, assistant_tokenizer=draft.tokenizer)
-    return kwargs
+    return kwargs, draft.part
 
 
-def build_engine(method_cfg, lm: LoadedModel, sampling: Sampling, step_breakdown: bool | str = "auto"):
+def check_method(method_cfg) -> Drafter | None:
+    """Catch a bad method setting before any model loads: the engine, the acceptance rule, and the
+    drafter's knobs (its constructor validates them); returns the drafter (not yet set up), if any."""
+    if method_cfg.engine not in ENGINES:
+        raise ConfigError(f"method.engine must be one of {ENGINES}; got {method_cfg.engine!r}")
+    if method_cfg.engine == "hf_generate":
+        return None
+    acceptance_rule(method_cfg.get("acceptance", "match"), method_cfg.get("acceptance_kwargs"))
+    return instantiate_checked(method_cfg.drafter)
+
+
+def build_engine(method_cfg, lm: LoadedModel, sampling: Sampling, step_breakdown: bool | str = "auto") -> Engine:
     """The object whose ``generate(prompt_ids, max_new_tokens, generator)`` the runner times.
 
     ``step_breakdown`` switches the loop's per-phase timing (see ``specbench.core.loop``).
     """
-    if method_cfg.engine not in ENGINES:
-        raise ConfigError(f"method.engine must be one of {ENGINES}; got {method_cfg.engine!r}")
-    if method_cfg.engine == "hf_generate":
+    drafter = check_method(method_cfg)
+    if drafter is None:
         assistant = method_cfg.get("assistant")
-        return HFGenerate(
-            lm.model,
-            lm.eos_ids,
-            sampling,
-            dict(method_cfg.get("generate_kwargs") or {}),
-            hf_assistant(assistant, lm) if assistant is not None else None,
-        )
+        kwargs, part = hf_assistant(assistant, lm) if assistant is not None else (None, None)
+        generate_kwargs = dict(method_cfg.get("generate_kwargs") or {})
+        return HFGenerate(lm.model, lm.eos_ids, sampling, generate_kwargs, kwargs, [part] if part else None)
     accept_fn = acceptance_rule(method_cfg.get("acceptance", "match"), method_cfg.get("acceptance_kwargs"))
-    drafter = hydra.utils.instantiate(method_cfg.drafter)
     drafter.setup(lm.model, lm.tokenizer)
     return Decoder(lm.model, drafter, lm.eos_ids, sampling, accept_fn, step_breakdown)

@@ -17,5 +17,13 @@ class DataUnavailable(UserError):
     """A dataset's records cannot be found locally and the Hub cannot be reached."""
 
 
+class DataError(UserError):
+    """A local data file is malformed: a line that is not JSON, a record missing a field, no records."""
+
+
 class RunConflict(UserError):
-    """The output directory holds results of a different configuration."""
+    """The output directory holds results of a different configuration, or another process writes it."""
+
+
+class StorageError(UserError):
+    """A result could not be written (full disk, read-only folder): what was finished before is kept."""

@@ -1,13 +1,19 @@
-"""Writing files and folders so that readers never see them half-written."""
+"""Writing files and folders so that readers never see them half-written, and one writer per folder."""
 
 from __future__ import annotations
 
+import atexit
+import json
 import os
 import shutil
+import socket
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from specbench.errors import RunConflict
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -35,3 +41,92 @@ def atomic_dir(target: Path) -> Iterator[Path]:
             staging.rename(target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+class FolderLock:
+    """An exclusive lock on a folder: a lock file holding the holder's pid, host and start time.
+
+    A second process is refused with a ``RunConflict`` naming the holder; a lock whose process is gone
+    (killed, crashed) is taken over. Released by ``release`` or, at the latest, when the process exits.
+    """
+
+    def __init__(self, folder: Path, name: str = ".lock", what: str = "run folder"):
+        self.folder = Path(folder)
+        self.path = self.folder / name
+        self.what = what
+        self.held = False
+
+    def acquire(self) -> FolderLock:
+        """Take the lock (creating the folder), or raise RunConflict if a live process holds it."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        while True:
+            try:
+                descriptor = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                self._take_over_if_stale()
+                continue
+            with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+                json.dump(holder, handle)
+            self.held = True
+            atexit.register(self.release)
+            return self
+
+    def release(self) -> None:
+        """Drop the lock if this process holds it."""
+        if self.held:
+            self.held = False
+            self.path.unlink(missing_ok=True)
+
+    def __enter__(self) -> FolderLock:
+        return self.acquire()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+    def _take_over_if_stale(self) -> None:
+        """Remove a lock whose holder is no longer running; raise RunConflict if it still is."""
+        try:
+            holder = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return  # released meanwhile: try again
+        except (OSError, ValueError):
+            holder = {}  # torn by a kill between create and write: stale unless very fresh
+            try:
+                fresh = time.time() - self.path.stat().st_mtime < 5
+            except FileNotFoundError:
+                return
+            if fresh:
+                time.sleep(0.1)
+                return
+        if holder and process_alive(holder.get("pid"), holder.get("host")):
+            raise RunConflict(
+                f"{self.folder} ({self.what}) is in use by process {holder['pid']} on {holder['host']} (since "
+                f"{holder.get('since', '?')}); two writers would mix their results. Wait for it to finish or stop "
+                f"it (if it is gone for good, delete {self.path})"
+            )
+        print(
+            f"[specbench] {self.folder}: taking over the lock of process {holder.get('pid', '?')}, which is "
+            f"no longer running"
+        )
+        self.path.unlink(missing_ok=True)
+
+
+def process_alive(pid: object, host: object) -> bool:
+    """Whether ``pid`` runs on this host (a lock from another host counts as alive: it cannot be checked)."""
+    if host != socket.gethostname():
+        return True
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def building(target: Path) -> FolderLock:
+    """The lock of a part being built at ``target`` (a lock file beside it): one builder at a time."""
+    return FolderLock(target.parent, name=f".{target.name}.lock", what="part being built")

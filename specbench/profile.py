@@ -29,6 +29,7 @@ from matplotlib.ticker import StrMethodFormatter
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from specbench.cli import run_hydra_app, user_errors
 from specbench.config import CONF_DIR
 from specbench.core.loop import synchronize
 from specbench.core.tree import DraftTree
@@ -275,8 +276,9 @@ def run(cfg: DictConfig) -> Path:
 @hydra.main(config_path=str(CONF_DIR), config_name="profile", version_base=None)
 def main(cfg: DictConfig) -> None:
     """Hydra entry point of ``python -m specbench.profile``."""
-    run(cfg)
+    with user_errors():
+        run(cfg)
 
 
 if __name__ == "__main__":
-    main()
+    run_hydra_app(main, "profile")

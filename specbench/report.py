@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from specbench.cli import user_errors
 from specbench.errors import UserError
 from specbench.metrics import aggregate
 from specbench.schema import SAMPLE_FIELDS, upgrade_record, validate_record
@@ -53,14 +54,31 @@ RUN_COLUMNS = [
     "entry",
     "baseline_entry",
     "entry_index",
+    "prompt_format",
+    "target",
+    "artefacts",
 ]
-# What a run must share with its AR baseline for a speedup to mean anything (docs/design.md#fair-comparisons);
-# ``session`` keeps the runs of one benchmark-suite session together ("" for ordinary runs).
-MATCH_KEYS = ["model", "dataset", "temperature", "top_p", "max_new_tokens", "device_name", "dtype", "repeat", "session"]
+# What a run must share with its AR baseline for a speedup to mean anything (docs/design.md#fair-comparisons):
+# the same target (weights, revision, chat template, dtype) answering prompts of the same format; ``session``
+# keeps the runs of one benchmark-suite session together ("" for ordinary runs). Per sample, the prompts'
+# token digests must agree too (``_pair_with``).
+MATCH_KEYS = [
+    "model",
+    "dataset",
+    "temperature",
+    "top_p",
+    "max_new_tokens",
+    "device_name",
+    "dtype",
+    "repeat",
+    "session",
+    "prompt_format",
+    "target",
+]
 # A record's key within its run; ``repeat`` tells apart the repeats that ``merge_repeats`` puts in one run.
 SAMPLE_KEY = ["sample_id", "turn", "repeat"]
 BOOTSTRAP_SAMPLES = 1000
-AR_SIDE = ["run_dir", "new_tokens", "wall_s", "output_ids"]
+AR_SIDE = ["run_dir", "new_tokens", "wall_s", "output_ids", "prompt_sha"]
 TABLE_COLUMNS = [
     "run_dir",
     "model",
@@ -221,6 +239,9 @@ def _identity(run_dir: Path, summary: dict) -> dict:
             "entry": bench.get("entry", ""),
             "baseline_entry": bench.get("baseline", ""),
             "entry_index": bench.get("index", -1),
+            "prompt_format": summary.get("prompt_format") or "",
+            "target": summary.get("target") or "",
+            "artefacts": ";".join(summary.get("artefacts") or []),
         }
     except KeyError as error:
         raise ReportError(f"{run_dir}/summary.json: missing field {error}") from error
@@ -369,8 +390,25 @@ def _pair_with(samples: pd.DataFrame, partners: pd.Series) -> pd.DataFrame:
     own = own.assign(ar_run_dir=own["run_dir"].map(partners))
     ar = samples[[*SAMPLE_KEY, *AR_SIDE]].rename(columns={c: f"ar_{c}" for c in AR_SIDE})
     pairs = own.merge(ar, on=["ar_run_dir", *SAMPLE_KEY])
+    pairs = _same_prompts(pairs)
     divergence = [first_divergence(out, ref) for out, ref in zip(pairs["output_ids"], pairs["ar_output_ids"])]
     return pairs.assign(first_divergence=divergence, exact_match=[d == -1 for d in divergence])
+
+
+def _same_prompts(pairs: pd.DataFrame) -> pd.DataFrame:
+    """The pairs whose two samples answered the same prompt tokens (a missing digest, from older runs, passes);
+    the others are left out with a warning naming the runs."""
+    differ = (
+        pairs["prompt_sha"].notna() & pairs["ar_prompt_sha"].notna() & (pairs["prompt_sha"] != pairs["ar_prompt_sha"])
+    )
+    if differ.any():
+        for run_dir, count in pairs[differ].groupby("run_dir").size().items():
+            warnings.warn(
+                f"{run_dir}: {count} sample(s) answered other prompt tokens than the same samples of its AR "
+                f"baseline; they are left out of speedup and exact match",
+                stacklevel=3,
+            )
+    return pairs[~differ]
 
 
 def _agreement(pairs: pd.DataFrame) -> pd.DataFrame:
@@ -511,12 +549,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Print the report table of the given runs; exit 2 with a message when they cannot be read."""
-    parser = _parser()
-    args = parser.parse_args(argv)
-    try:
+    args = _parser().parse_args(argv)
+    with user_errors(argv):
         runs, samples = load(args.paths, args.by, args.merge_repeats)
-    except ReportError as error:
-        parser.error(str(error))
     report = _report_table(runs, samples, args.view)
     print(format_table(report))
     if args.csv:

@@ -17,8 +17,8 @@ from specbench import environment
 from specbench.core.acceptance import Sampling, sampling_problems
 from specbench.core.loop import STEP_BREAKDOWN_SETTINGS, Engine, Generation, synchronize
 from specbench.data.base import Dataset, Sample, build_dataset
-from specbench.engines import build_engine
-from specbench.errors import ConfigError
+from specbench.engines import build_engine, check_method
+from specbench.errors import ConfigError, RunConflict
 from specbench.metrics import aggregate
 from specbench.models.loading import LoadedModel, load_model, resolve_device, resolve_dtype
 from specbench.schema import PHASES, SCHEMA_VERSION, SUMMARY_VERSION
@@ -35,6 +35,7 @@ RUN_ONLY_KEYS = (
     "experiment",
     "results_root",
     "step_breakdown",
+    "debug",
 )
 """Top-level keys that do not change what a sample's result is (excluded from the config digest)."""
 
@@ -89,6 +90,25 @@ def config_digest(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> 
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
+PART_NODES = ("draft", "medusa", "eagle")
+"""Nodes of the model config that name a method's parts (drafts, heads), not the target itself."""
+
+
+def target_digest(cfg: DictConfig, dtype: torch.dtype) -> str:
+    """sha256 over what defines the target's outputs: the model node (weights, revision, chat template...,
+    without its drafts/heads and machine locations) and the dtype. Runs pair with AR only when equal."""
+    model = without_locations({"model": OmegaConf.to_container(cfg.model, resolve=True)})["model"]
+    identity = {key: value for key, value in model.items() if key not in PART_NODES}
+    return hashlib.sha256(json.dumps({"model": identity, "dtype": str(dtype)}, sort_keys=True).encode()).hexdigest()[
+        :16
+    ]
+
+
+def prompt_sha(prompt_ids: list[int]) -> str:
+    """A short digest of a prompt's token ids (the report pairs samples only when their prompts are equal)."""
+    return hashlib.sha256(json.dumps(prompt_ids).encode()).hexdigest()[:16]
+
+
 def rounded(seconds: list[float] | None) -> list[float] | None:
     """Per-step times to the microsecond (None stays None: not measured)."""
     return None if seconds is None else [round(s, 6) for s in seconds]
@@ -123,6 +143,7 @@ class Runner:
 
     def __init__(self, cfg: DictConfig, lm: LoadedModel | None = None, bench: dict | None = None):
         validate(cfg)
+        check_method(cfg.method)  # the drafter's knobs, before any model loads
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
@@ -145,18 +166,18 @@ class Runner:
 
     def run(self) -> Path:
         """Generate every pending sample, writing records and the summary after each one."""
-        pending = [s for s in self.samples if s.sample_id not in self.store.finished_ids]
-        if not pending and (self.store.previous_summary or {}).get("status") == "complete":
+        if not self._pending() and (self.store.previous_summary or {}).get("status") == "complete":
             print(f"[specbench] {self.store.dir} is complete ({len(self.samples)} sample(s)); nothing to run")
-            return self.store.dir  # NOTE: no model load, and the stored files stay byte for byte
-        if len(pending) < len(self.samples):
-            print(
-                f"[specbench] resuming {self.store.dir}: {len(self.samples) - len(pending)} "
-                f"sample(s) already done, {len(pending)} to go"
-            )
-        self.open()
+            return self.store.dir  # NOTE: no model load, no lock, and the stored files stay byte for byte
         status = "failed"
         try:
+            self.open()
+            pending = self._pending()  # again: the folder is ours now, and reloaded
+            if len(pending) < len(self.samples):
+                print(
+                    f"[specbench] resuming {self.store.dir}: {len(self.samples) - len(pending)} "
+                    f"sample(s) already done, {len(pending)} to go"
+                )
             self.start_engine(pending[0] if pending else None)
             self._run_samples(pending)
             status = "complete"
@@ -167,11 +188,17 @@ class Runner:
             self.finish(status)
         return self.store.dir
 
+    def _pending(self) -> list[Sample]:
+        """The samples not yet finished in the output folder."""
+        return [s for s in self.samples if s.sample_id not in self.store.finished_ids]
+
     def open(self) -> None:
-        """Store the resolved config beside the results and load the model unless one was given."""
-        self.store.write_config(OmegaConf.to_yaml(self.cfg, resolve=True))
+        """Load the model unless one was given, then become the folder's writer (lock) and store the resolved
+        config: a model that cannot load leaves no folder behind."""
         if self.lm is None:
             self.lm = load_model(self.cfg.model, self.device, self.dtype)
+        self.store.begin()
+        self.store.write_config(OmegaConf.to_yaml(self.cfg, resolve=True))
 
     def start_engine(self, first: Sample | None) -> None:
         """Warm up on ``first`` (if any) with a throwaway engine, then build the measured engine.
@@ -188,6 +215,17 @@ class Runner:
                         prompt_ids, self.cfg.max_new_tokens, sample_generator(self.cfg.seed, first.sample_id)
                     )
         self.engine = build_engine(self.cfg.method, self.lm, self.sampling, self.cfg.step_breakdown)
+        self._check_parts(self.engine.artefacts())
+
+    def _check_parts(self, parts: list[str]) -> None:
+        """Refuse to add samples made with other drafts or heads to a folder's earlier ones (unless forced)."""
+        before = (self.store.previous_summary or {}).get("artefacts")
+        if self.store.records and before is not None and sorted(before) != sorted(parts) and not self.cfg.force:
+            raise RunConflict(
+                f"{self.store.dir} holds samples made with {sorted(before)}, but this run loaded {sorted(parts)}; "
+                f"results of different drafts or heads are never mixed. Choose another output_dir=..., or pass "
+                f"force=true to continue into it anyway"
+            )
 
     def run_sample(self, sample: Sample) -> list[dict]:
         """Time every turn of one sample, append its records and refresh the summary; returns the records."""
@@ -201,8 +239,12 @@ class Runner:
         return records
 
     def finish(self, status: str) -> None:
-        """Write the final summary with ``status`` (complete, interrupted or failed)."""
-        self.store.write_summary(self.summary(status))
+        """Write the final summary with ``status`` (complete, interrupted or failed) and release the folder."""
+        try:
+            if self.store.lock.held:
+                self.store.write_summary(self.summary(status))
+        finally:
+            self.store.close()
 
     def _run_samples(self, pending: list[Sample]) -> None:
         """Run each pending sample; the tqdm bar shows tokens/s so far."""
@@ -261,6 +303,7 @@ class Runner:
             "category": sample.category,
             "fine_category": sample.meta.get("fine_category"),
             "prompt_tokens": len(prompt_ids),
+            "prompt_sha": prompt_sha(prompt_ids),
             "new_tokens": len(gen.output_ids),
             "output_ids": gen.output_ids,
             "output_text": text,
@@ -306,4 +349,8 @@ class Runner:
             "environment": self.environment,
             "config_digest": self.store.digest,
             "bench": self.bench,
+            "target": target_digest(cfg, self.dtype),
+            "artefacts": sorted(self.engine.artefacts())
+            if self.engine
+            else (self.store.previous_summary or {}).get("artefacts"),
         }

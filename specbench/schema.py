@@ -4,16 +4,17 @@ A run directory holds:
 - ``samples.jsonl``: one JSON object per (sample, turn), appended and flushed as each sample ends;
 - ``summary.json``: run identity, aggregate metrics, environment and config digest (rewritten
   atomically after every sample, so an interrupted run still has a valid one);
-- ``config.yaml``: the Hydra-resolved config of the run.
+- ``config.yaml``: the Hydra-resolved config of the run, its config digest on the first line.
 
 Bump ``SCHEMA_VERSION`` whenever a field changes meaning; readers check it. Readers still read
-``specbench.samples/1`` records (before the step breakdown): ``upgrade_record`` fills the fields added
-since with null, which is what a run without the breakdown writes.
+``specbench.samples/1`` records (before the step breakdown) and ``/2`` (before ``prompt_sha``):
+``upgrade_record`` fills the fields added since with null (not measured; a null prompt digest pairs
+as before, on sample id and turn alone).
 """
 
 from __future__ import annotations
 
-SCHEMA_VERSION = "specbench.samples/2"
+SCHEMA_VERSION = "specbench.samples/3"
 SUMMARY_VERSION = "specbench.summary/1"
 
 PHASES = ("draft", "verify", "accept", "update")
@@ -28,6 +29,8 @@ SAMPLE_FIELDS: dict[str, str] = {
     "category": "dataset category or null (Spec-Bench: its task group)",
     "fine_category": "finer category where the dataset has one (Spec-Bench's MT-Bench categories), else null",
     "prompt_tokens": "tokens in the rendered prompt of this turn",
+    "prompt_sha": "sha256 (16 hex digits) of the prompt's token ids: the report pairs a sample with its AR "
+    "baseline's only when they answered the same prompt",
     "new_tokens": "generated tokens (EOS included when emitted)",
     "output_ids": "generated token ids",
     "output_text": "decoded generated text (special tokens skipped)",
@@ -81,11 +84,17 @@ SUMMARY_FIELDS: dict[str, str] = {
     "baseline, index}: the suite, its session folder, this run's entry label, the baseline entry's "
     "label (the report pairs the run with it) and the entry's position in the suite; absent or "
     "null for ordinary runs",
+    "target": "sha256 (16 hex digits) of the target's identity: its model config without drafts, heads and "
+    "machine locations, and the dtype; the report pairs runs with AR only when equal (absent before: '')",
+    "artefacts": "the trained or published parts the engine loaded (`draft:<weights digest>`, "
+    "`medusa:<Hub id>`, `corpus:<cache id>`); a folder never mixes samples of different ones, and "
+    "the report never merges runs that differ in them",
 }
 
 
 ADDED_FIELDS: dict[str, tuple[str, ...]] = {
-    "specbench.samples/1": ("draft_s", "accept_s", "update_s"),
+    "specbench.samples/1": ("draft_s", "accept_s", "update_s", "prompt_sha"),
+    "specbench.samples/2": ("prompt_sha",),
 }
 """Per readable older schema: the SAMPLE_FIELDS its records lack (null when read)."""
 

@@ -1,18 +1,43 @@
-"""A run directory on disk: append-only samples, atomic summary, resume without duplicates or losses."""
+"""A run directory on disk: append-only samples, atomic summary, resume without duplicates or losses.
+
+Reading a folder (``RunStore(...)``) writes nothing. ``begin`` makes this process the folder's only
+writer (a lock file; a second process is refused, a dead one's lock taken over), reloads what is there
+and drops the lines of unfinished samples; ``close`` releases it. Damage is survivable: a torn last line
+of ``samples.jsonl`` is dropped and its sample rerun, and a torn ``summary.json`` is rebuilt from the
+records, its config digest read back from ``config.yaml``. A write that fails (full disk, read-only
+folder) is a ``StorageError`` that says what to do; every sample finished before it stays on disk.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from specbench.errors import RunConflict
-from specbench.files import write_atomic
+from specbench.errors import RunConflict, StorageError
+from specbench.files import FolderLock, write_atomic
 
 SAMPLES = "samples.jsonl"
 SUMMARY = "summary.json"
 CONFIG = "config.yaml"
+DIGEST_LINE = "# config_digest: "
+"""First line of config.yaml: the digest again, so a torn summary.json does not lose it."""
+
+
+@contextmanager
+def storage(path: Path, action: str) -> Iterator[None]:
+    """Turn an OS error while writing ``path`` into a StorageError naming the cause and the way on."""
+    try:
+        yield
+    except OSError as error:
+        raise StorageError(
+            f"cannot {action} {path}: {error.strerror or error}; samples finished before this are kept. "
+            f"Free space or make the folder writable, then rerun the same command to resume (or choose "
+            f"another output_dir=...)"
+        ) from error
 
 
 class RunStore:
@@ -21,29 +46,46 @@ class RunStore:
     def __init__(self, out_dir: Path, config_digest: str, force: bool = False):
         self.dir = Path(out_dir)
         self.digest = config_digest
+        self.force = force
+        self.lock = FolderLock(self.dir)
         self.records: list[dict] = []
         self.previous_summary: dict | None = None
-        self._open(force)
+        self._load()
 
-    def _open(self, force: bool) -> None:
-        """Load what a previous run left in the directory, checking it came from the same config."""
-        summary_path = self.dir / SUMMARY
-        if summary_path.is_file():
-            self.previous_summary = json.loads(summary_path.read_text(encoding="utf-8"))
-            old = self.previous_summary.get("config_digest")
-            if old != self.digest and not force:
-                raise RunConflict(
-                    f"{self.dir} holds results of a different configuration (digest {old} != "
-                    f"{self.digest}); results are never mixed silently. Choose another output_dir=..., "
-                    f"or pass force=true to continue into it anyway."
-                )
-        self.records = self._load_complete_records()
+    def _load(self) -> None:
+        """Read what a previous run left, checking it came from the same config (nothing is written)."""
+        self.previous_summary = self._read_summary()
+        old = (self.previous_summary or {}).get("config_digest") or self._stored_digest()
+        if old is not None and old != self.digest and not self.force:
+            raise RunConflict(
+                f"{self.dir} holds results of a different configuration (digest {old} != "
+                f"{self.digest}); results are never mixed silently. Choose another output_dir=..., "
+                f"or pass force=true to continue into it anyway."
+            )
+        self.records, self.torn_lines = self._complete_records()
 
-    def _load_complete_records(self) -> list[dict]:
-        """Records of samples whose every turn was written; rewrites the file if a tail was torn."""
+    def _read_summary(self) -> dict | None:
+        """summary.json, or None when there is none or it is torn (it is rewritten after the next sample)."""
+        path = self.dir / SUMMARY
+        if not path.is_file():
+            return None
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except ValueError:
+            print(f"[specbench] {path} is damaged (not valid JSON); it will be rebuilt from the samples")
+            return None
+
+    def _stored_digest(self) -> str | None:
+        """The config digest recorded on config.yaml's first line (None without one)."""
+        path = self.dir / CONFIG
+        first = path.read_text(encoding="utf-8").partition("\n")[0] if path.is_file() else ""
+        return first.removeprefix(DIGEST_LINE).strip() if first.startswith(DIGEST_LINE) else None
+
+    def _complete_records(self) -> tuple[list[dict], int]:
+        """Records of samples whose every turn was written, and how many lines were not (torn or unfinished)."""
         path = self.dir / SAMPLES
         if not path.is_file():
-            return []
+            return [], 0
         lines = path.read_text(encoding="utf-8").splitlines()
         parsed = []
         for line in lines:
@@ -53,11 +95,23 @@ class RunStore:
                 continue  # a line cut by an interrupt
         turns = Counter(r["sample_id"] for r in parsed)
         complete = [r for r in parsed if turns[r["sample_id"]] == r["n_turns"]]
-        if len(complete) != len(lines):
-            dropped = len(lines) - len(complete)
-            print(f"[specbench] {path}: dropping {dropped} line(s) of unfinished samples; they will rerun")
-            write_atomic(path, "".join(json.dumps(r) + "\n" for r in complete))
-        return complete
+        return complete, len(lines) - len(complete)
+
+    def begin(self) -> None:
+        """Become the folder's only writer: lock it, reload it, drop the lines of unfinished samples."""
+        with storage(self.dir, "lock"):
+            self.lock.acquire()
+        self._load()
+        if self.torn_lines:
+            path = self.dir / SAMPLES
+            print(f"[specbench] {path}: dropping {self.torn_lines} line(s) of unfinished samples; they will rerun")
+            with storage(path, "rewrite"):
+                write_atomic(path, "".join(json.dumps(r) + "\n" for r in self.records))
+            self.torn_lines = 0
+
+    def close(self) -> None:
+        """Stop writing: release the folder's lock."""
+        self.lock.release()
 
     @property
     def finished_ids(self) -> set[str]:
@@ -67,7 +121,7 @@ class RunStore:
     def append(self, records: list[dict]) -> None:
         """Append all turns of one sample in one write, flushed and fsynced."""
         text = "".join(json.dumps(r) + "\n" for r in records)
-        with open(self.dir / SAMPLES, "a", encoding="utf-8") as handle:
+        with storage(self.dir / SAMPLES, "append to"), open(self.dir / SAMPLES, "a", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
@@ -75,9 +129,10 @@ class RunStore:
 
     def write_summary(self, summary: dict) -> None:
         """Rewrite summary.json atomically."""
-        write_atomic(self.dir / SUMMARY, json.dumps(summary, indent=2) + "\n")
+        with storage(self.dir / SUMMARY, "write"):
+            write_atomic(self.dir / SUMMARY, json.dumps(summary, indent=2) + "\n")
 
     def write_config(self, yaml_text: str) -> None:
-        """Store the resolved config beside the results (the first write: creates the directory)."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.dir / CONFIG, yaml_text)
+        """Store the resolved config beside the results, its digest on the first line."""
+        with storage(self.dir / CONFIG, "write"):
+            write_atomic(self.dir / CONFIG, f"{DIGEST_LINE}{self.digest}\n{yaml_text}")

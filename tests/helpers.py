@@ -93,3 +93,11 @@ def method_options(engine: str | None = None) -> list[str]:
     if engine is None:
         return names
     return [name for name in names if OmegaConf.load(CONF_DIR / "method" / f"{name}.yaml").get("engine") == engine]
+
+
+def exit_code(main, *args) -> int:
+    """The exit status a command-line ``main`` ends with, whether it returns it or exits with it."""
+    try:
+        return main(*args)
+    except SystemExit as stop:
+        return stop.code

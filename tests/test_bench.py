@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 
 from specbench import bench, report
 from specbench.errors import ConfigError
+from tests.helpers import exit_code
 
 
 def test_smoke_suite_writes_ordinary_run_folders_and_prints_the_reports_table(tmp_path, shared_data, capsys):
@@ -70,7 +71,7 @@ def test_old_single_json_results_convert_to_run_folders(tmp_path):
 
 def test_unknown_suite_lists_the_valid_ones(capsys):
     """A typo gets the list of suites and exit code 2."""
-    assert bench.main(["nope"]) == 2
+    assert exit_code(bench.main, ["nope"]) == 2
     assert "smoke" in capsys.readouterr().err
 
 

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+from omegaconf import OmegaConf
 
 from specbench.config import compose_config as compose_run
 from specbench.config import group_options as options
@@ -19,15 +20,27 @@ def test_defaults_contract():
     assert cfg.device == "auto" and cfg.dtype == "auto" and cfg.temperature == 0.0
 
 
-@pytest.mark.parametrize("model", options("model"))
-@pytest.mark.parametrize("method", options("method"))
-@pytest.mark.parametrize("dataset", options("dataset"))
-def test_every_combination_composes(model, method, dataset):
-    cfg = compose_run(f"model={model}", f"method={method}", f"dataset={dataset}")
-    assert cfg.model.name == model and cfg.method.name == method and cfg.dataset.name == dataset
+def check(cfg, model: str, method: str, dataset: str) -> None:
+    """The composed config resolves (every interpolation) and names what was asked for."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert (resolved["model"]["name"], resolved["method"]["name"], resolved["dataset"]["name"]) == (model, method, dataset)
     assert cfg.model.source in ("hub", "embedded", "tiny")
     assert cfg.method.engine in ("loop", "hf_generate")
     assert model in cfg.output_dir and method in cfg.output_dir
+
+
+@pytest.mark.parametrize("model", options("model"))
+@pytest.mark.parametrize("method", options("method"))
+def test_every_model_method_pair_composes(model, method):
+    """Methods read their model's draft, heads and sizes: every pair resolves (datasets are independent of it)."""
+    check(compose_run(f"model={model}", f"method={method}"), model, method, "humaneval")
+
+
+@pytest.mark.parametrize("model", options("model"))
+@pytest.mark.parametrize("dataset", options("dataset"))
+def test_every_model_dataset_pair_composes(model, dataset):
+    """Datasets pick their prompt format by model: every pair resolves."""
+    check(compose_run(f"model={model}", f"dataset={dataset}"), model, "ar", dataset)
 
 
 def test_profile_config_composes():

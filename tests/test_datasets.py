@@ -12,6 +12,7 @@ from specbench.data.mbpp import MBPP
 from specbench.data.mt_bench import MT_BENCH_CATEGORIES, MTBench
 from specbench.data.spec_bench import TASK_GROUPS, SpecBench
 from specbench.errors import ConfigError, DataUnavailable
+from tests.helpers import exit_code
 
 CNN_SHOT = "386b182672cd041d574a3fe0e9ccf2f16b751f2e"
 GSM_1 = ("A robe takes 2 bolts of blue fiber and half that much white fiber.  "
@@ -290,6 +291,6 @@ def test_cli_show(shared_data, embedded, capsys):
     assert data_cli(["show", "mt_bench", "--limit", "1", "--data-dir", str(shared_data)]) == 0
     out = capsys.readouterr().out
     assert "=== 81  category=writing  turns=2" in out and "<model answer to turn 0>" in out
-    assert data_cli(["show", "imaginary"]) == 2
+    assert exit_code(data_cli, ["show", "imaginary"]) == 2
     assert "mt_bench" in capsys.readouterr().err
 

@@ -231,7 +231,7 @@ def test_tiny_draft_node_and_hf_assisted_equal_ar(pair):
     target, _ = pair
     cfg = compose_config("model=tiny_llama", "method=hf_assisted")
     lm = LoadedModel(target, None, "tiny", "tiny", frozenset(), 512)
-    kwargs = hf_assistant(cfg.method.assistant, lm)
+    kwargs, _ = hf_assistant(cfg.method.assistant, lm)
     assistant = kwargs["assistant_model"]
     assert assistant is not target and assistant.config.hidden_size == 32
     engine = HFGenerate(target, frozenset(), Sampling(), {}, kwargs)
@@ -246,7 +246,7 @@ def test_tiny_draft_node_and_hf_assisted_equal_ar(pair):
 def test_hf_assisted_with_the_target_as_its_own_assistant(pair):
     target, _ = pair
     lm = LoadedModel(target, None, "tiny", "tiny", frozenset(), 512)
-    kwargs = hf_assistant(OmegaConf.create({"draft": SELF, "num_assistant_tokens": 4, "assistant_confidence_threshold": 0,
+    kwargs, _ = hf_assistant(OmegaConf.create({"draft": SELF, "num_assistant_tokens": 4, "assistant_confidence_threshold": 0,
                                             "num_assistant_tokens_schedule": "constant"}), lm)
     engine = HFGenerate(target, frozenset(), Sampling(), {}, kwargs)
     with torch.inference_mode():
@@ -291,6 +291,7 @@ def test_distilled_draft_loads_from_the_cache(embedded, tmp_path, monkeypatch):
     """The embedded model's default draft node (source: distilled) loads what `specbench.train draft` leaves in
     the cache and checks the tokenizer; a stand-in draft (tiny, the embedded vocabulary) takes the trained one's place."""
     from specbench.config import compose_config
+    from specbench.manifest import write_manifest
     from specbench.models.loading import build_tiny_llama
     from specbench.paths import distilled_draft_dir
 
@@ -300,7 +301,8 @@ def test_distilled_draft_loads_from_the_cache(embedded, tmp_path, monkeypatch):
     build_tiny_llama(vocab, seed=3, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                      num_key_value_heads=1, intermediate_size=64).save_pretrained(folder)
     embedded.tokenizer.save_pretrained(folder)
+    write_manifest(folder, "distilled draft", ["model.safetensors"], "settings", "data", 1, 1, "steps")
     cfg = compose_config("model=smollm2_135m", "method=spede")
     draft = load_draft(cfg.method.drafter.draft, cfg.method.drafter.target_name, embedded.model, embedded.tokenizer)
-    assert draft.path == str(folder) and draft.tokenizer is not None
+    assert draft.path == str(folder) and draft.tokenizer is not None and draft.part.startswith("draft:")
     assert draft.model.dtype == embedded.model.dtype and draft.model.config.hidden_size == 32

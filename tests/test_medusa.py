@@ -154,14 +154,20 @@ def test_trained_heads_roundtrip_and_missing_message(tiny, tmp_path, monkeypatch
         load_heads(node, tiny, "tiny_x")
     heads = random_heads(tiny, num_heads=3, seed=1)
     table = [[0.5, 0.2], [0.3, 0.1], [0.1, 0.05]]
-    save_heads(heads, trained_dir("tiny_x"), "tiny", {"rank_accuracy": table})
-    save_heads(heads, trained_dir("tiny_x"), "tiny", {"rank_accuracy": table})  # replacing is atomic too
+    record = {"rank_accuracy": table, "digest": "settings", "data": "data", "accuracy": {"top1": [0.5, 0.3, 0.1]},
+              "result": {"steps": 5, "steps_planned": 5, "stopped_by": "max_steps"}}
+    save_heads(heads, trained_dir("tiny_x"), "tiny", record)
+    save_heads(heads, trained_dir("tiny_x"), "tiny", record)  # replacing is atomic too
     loaded = load_heads(node, tiny, "tiny_x")
     assert loaded.rank_accuracy == table and loaded.heads.shares_lm_head
+    assert loaded.part.startswith("medusa:") and "/" not in loaded.part  # named by the weights' digest
     hidden = torch.randn(2, 64)
     torch.testing.assert_close(loaded.heads(hidden), heads(hidden))
     assert sorted(p.name for p in trained_dir("tiny_x").iterdir()) == [
-        "config.json", "medusa_lm_head.safetensors", "training.json"]
+        "config.json", "manifest.json", "medusa_lm_head.safetensors", "training.json"]
+    (trained_dir("tiny_x") / "manifest.json").unlink()  # e.g. a partial copy: never used silently
+    with pytest.raises(ModelUnavailable, match="has no manifest.json"):
+        load_heads(node, tiny, "tiny_x")
 
 
 # ----------------------------------------------------------------------------------------- trees

@@ -113,9 +113,10 @@ def test_hf_generate_engine_matches_ar(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["kill-9", "ctrl-c"])
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM], ids=["kill-9", "ctrl-c", "sigterm"])
 def test_killed_run_resumes_without_losses_or_duplicates(tmp_path, sig):
-    """Kill a CLI run mid-way, rerun the same command: finished samples kept, none duplicated."""
+    """Kill a CLI run mid-way, rerun the same command: finished samples kept, none duplicated; Ctrl-C and
+    SIGTERM leave status "interrupted" (exit 130 / 143), kill -9 a stale lock that the rerun takes over."""
     cmd = [sys.executable, "-m", "specbench", *TINY, "max_new_tokens=48", "limit=8",
            f"output_dir={tmp_path}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -127,8 +128,11 @@ def test_killed_run_resumes_without_losses_or_duplicates(tmp_path, sig):
     proc.send_signal(sig)
     code = proc.wait()
     summary = json.loads((tmp_path / "summary.json").read_text())  # valid JSON whatever the signal
-    if sig == signal.SIGINT:
-        assert code == 130 and summary["status"] == "interrupted"
+    if sig != signal.SIGKILL:
+        assert code == {signal.SIGINT: 130, signal.SIGTERM: 143}[sig] and summary["status"] == "interrupted"
+        assert not (tmp_path / ".lock").exists()
+    else:
+        assert summary["status"] == "running" and (tmp_path / ".lock").exists()
     before = [json.loads(line) for line in samples.read_text().splitlines() if line.strip().endswith("}")]
     assert 2 <= len(before) < 8
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -138,6 +142,7 @@ def test_killed_run_resumes_without_losses_or_duplicates(tmp_path, sig):
     assert ids == [f"HumanEval/{i}" for i in range(8)]
     assert after[: len(before)] == before
     assert "resuming" in done.stdout
+    assert ("taking over the lock" in done.stdout) == (sig == signal.SIGKILL)
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ from specbench.train.agreement import chain_steps
 from specbench.train.common import compose_train, load_target
 from specbench.paths import distilled_draft_dir
 from specbench.train.draft import layer_plan, settings_digest
+from tests.helpers import exit_code
 
 TINY_DATA = ["model=tiny_llama", "device=cpu", "prompts.max_prompts=4", "prompts.max_new_tokens=6",
              "prompts.batch_size=3", "prompts.teacher_topk=5"]
@@ -128,9 +129,9 @@ def test_cli_lists_subcommands_and_reports_errors(capsys):
     assert cli.main(["distil"]) == 2
     err = capsys.readouterr().err
     assert "unknown subcommand 'distil'" in err and "medusa" in err
-    assert cli.main(["draft", "train.steps=0"]) == 2
+    assert exit_code(cli.main, ["draft", "train.steps=0"]) == 2
     assert capsys.readouterr().err.startswith("error: invalid draft training settings: train.steps must be >= 1")
-    assert cli.main(["draft", "train.nonsense"]) == 2
+    assert exit_code(cli.main, ["draft", "train.nonsense"]) == 2
     assert capsys.readouterr().err.startswith("error: invalid override")
 
 

@@ -153,6 +153,11 @@ class Drafter:
         """Drafter internals for the per-sample record: the books, plus what a subclass derives from them."""
         return self.books.report()
 
+    def artefacts(self) -> list[str]:
+        """The parts this drafter loaded, named so runs made with different ones never count as one setting
+        (``draft:<weights digest>`` for trained parts, ``draft:<Hub id>`` for published ones)."""
+        return []
+
 
 def knob_int(key: str, value: object, lowest: int, symbol: str | None = None) -> int:
     """``value`` if it is an integer >= ``lowest``, else a ConfigError naming ``method.drafter.<key>``."""

@@ -70,6 +70,10 @@ class Engine(Protocol):
         """Method internals after the latest generation (the record's ``drafter_stats``)."""
         ...
 
+    def artefacts(self) -> list[str]:
+        """The draft models, heads or caches the engine uses (recorded in the run summary)."""
+        ...
+
 
 def synchronize(device: torch.device) -> None:
     """Wait for queued device work so wall-clock timings are honest (every GPU: a device map spans several)."""
@@ -191,6 +195,10 @@ class Decoder:
     def stats(self) -> dict[str, Any]:
         """The drafter's internals after the latest generation."""
         return self.drafter.stats()
+
+    def artefacts(self) -> list[str]:
+        """The parts the drafter loaded."""
+        return self.drafter.artefacts()
 
     def _step(self, ctx: DecodeContext, cache, clock: PhaseClock) -> tuple[list[int], int]:
         """One propose -> verify -> accept -> compact -> observe; returns (emitted tokens, drafted nodes).

@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 
 from specbench.config import compose_config, group_options
 from specbench.data.base import Dataset, Sample, build_dataset
+from specbench.cli import user_errors
 from specbench.errors import ConfigError, UserError
 from specbench.models.loading import load_tokenizer
 
@@ -114,14 +115,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; user errors are printed in one line (exit status 2)."""
     args = parse_args(argv)
-    try:
+    with user_errors(argv):
         if args.command == "list":
             list_datasets(args.data_dir)
         else:
             show_dataset(args.dataset, args.limit, args.model, args.data_dir)
-    except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
     return 0
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,8 @@ from specbench.data.prompts import (
     raw_text,
     resolve_format,
 )
-from specbench.errors import ConfigError, DataUnavailable, UserError
+from specbench.config import instantiate_checked
+from specbench.errors import ConfigError, DataError, DataUnavailable
 from specbench.hub import hub_reachable
 
 __all__ = ["PROMPT_FORMATS", "SAMPLERS", "Dataset", "Sample", "build_dataset", "read_jsonl"]
@@ -49,10 +50,32 @@ class Sample:
     meta: dict = field(default_factory=dict)
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """Records of a JSON Lines file, skipping blank lines."""
+def read_jsonl(path: Path, required: Sequence[Sequence[str]] = ()) -> list[dict]:
+    """Records of a JSON Lines file (blank lines skipped), each checked: a JSON object holding, for every
+    entry of ``required``, at least one of its field names; a DataError names the file and line."""
+    records = []
     with open(path, encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+        for number, line in enumerate(handle, 1):
+            if line.strip():
+                records.append(checked_record(path, number, line, required))
+    if not records:
+        raise DataError(f"{path} holds no records; put the dataset's JSON Lines there or remove the file")
+    return records
+
+
+def checked_record(path: Path, number: int, line: str, required: Sequence[Sequence[str]]) -> dict:
+    """One parsed line of a JSONL file, or a DataError saying which line is wrong and how."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise DataError(f"{path}:{number}: not a JSON record ({error.msg.removesuffix(' at')}, column {error.colno}); "
+                        f"fix or remove the line") from None
+    if not isinstance(record, dict):
+        raise DataError(f"{path}:{number}: a record must be a JSON object, got {type(record).__name__}")
+    missing = [" or ".join(names) for names in required if not any(name in record for name in names)]
+    if missing:
+        raise DataError(f"{path}:{number}: the record lacks the field(s) {missing} this dataset needs")
+    return record
 
 
 def random_sample(pool: list[int], n_records: int, size: int, seed: int) -> list[int]:
@@ -100,20 +123,8 @@ def round_robin(samples: list[Sample]) -> list[Sample]:
 
 
 def build_dataset(dataset_cfg, data_dir: str | None) -> Dataset:
-    """Instantiate a ``conf/dataset`` node; a constructor's UserError surfaces as itself (one-line error).
-
-    Hydra wraps a constructor's exception in ``InstantiationException``; re-raising the cause keeps
-    a bad setting a clean ``error:`` line instead of a traceback.
-    """
-    from hydra.errors import InstantiationException
-    from hydra.utils import instantiate
-
-    try:
-        return instantiate(dataset_cfg, data_dir=data_dir)
-    except InstantiationException as error:
-        if isinstance(error.__cause__, UserError):
-            raise error.__cause__ from None
-        raise
+    """Instantiate a ``conf/dataset`` node; a constructor's UserError surfaces as itself (one-line error)."""
+    return instantiate_checked(dataset_cfg, data_dir=data_dir)
 
 
 class Dataset:
@@ -261,13 +272,17 @@ class Dataset:
         """Whether the records came from a local JSONL copy (known once they are loaded)."""
         return (self.resolved_source or "").startswith("local:")
 
+    def required_fields(self) -> tuple[tuple[str, ...], ...]:
+        """The fields ``to_sample`` reads: each entry lists alternative names, one of which must be present."""
+        return ()
+
     def _local_records(self) -> list[dict]:
-        """The JSONL copy ``data_dir/local_file``."""
+        """The JSONL copy ``data_dir/local_file``, every record checked for the fields this dataset reads."""
         path = self.data_dir / self.local_file
         if not path.is_file():
             raise DataUnavailable(self._advice(f"{path} does not exist"))
         self.resolved_source = f"local:{path}"
-        return read_jsonl(path)
+        return read_jsonl(path, self.required_fields())
 
     def _hub_records(self) -> list[dict]:
         """The Hub split through ``datasets.load_dataset``, after a quick reachability probe."""

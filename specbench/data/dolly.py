@@ -75,6 +75,10 @@ class Dolly(Dataset):
         template = WITH_INPUT if context else WITHOUT_INPUT
         return template.format(instruction=sample.meta["instruction"], context=context)
 
+    def required_fields(self) -> tuple[tuple[str, ...], ...]:
+        """Dolly records: instruction, context, category, response."""
+        return ("instruction",), ("context",), ("category",), ("response",)
+
     def to_sample(self, index: int, record: dict) -> Sample:
         """Instruction (+ blank line + context) as the user turn; the reference response."""
         instruction, context = record["instruction"], record["context"]

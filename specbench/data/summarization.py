@@ -64,6 +64,10 @@ class Summarization(Dataset):
         """ANPD's 1-shot completion prompt: the example, then ``Article: ...\\nSummary:``."""
         return f"{self.shot()}Article: {sample.meta['document']}\nSummary:"
 
+    def required_fields(self) -> tuple[tuple[str, ...], ...]:
+        """Summarization records: id, the article and its reference summary (field names per dataset)."""
+        return ("id",), (self.document_field,), (self.summary_field,)
+
     def to_sample(self, index: int, record: dict) -> Sample:
         """The instruction + document as the user turn; the reference summary; the document in meta."""
         document = record[self.document_field]

@@ -26,7 +26,9 @@ from specbench.core.tree import DraftTree
 from specbench.core.verify import compact_cache, new_cache
 from specbench.errors import ConfigError, ModelUnavailable
 from specbench.models.loading import build_tiny_llama, eos_token_ids, load_pretrained
+from specbench.manifest import finished_manifest, part_name
 from specbench.paths import distilled_draft_dir
+from specbench.structures.tree_rows import TreeRowMask
 
 DRAFT_SOURCES = ("hub", "distilled", "tiny", "target")
 
@@ -38,6 +40,10 @@ class LoadedDraft:
     model: torch.nn.Module
     tokenizer: object | None  # None when the draft ships no tokenizer (tiny random drafts)
     path: str  # where the weights came from (recorded in stats)
+    part: str = ""  # how runs name this draft (distilled: its weights digest; else where it came from)
+
+    def __post_init__(self) -> None:
+        self.part = self.part or f"draft:{self.path}"
 
 
 def vocab_width(model) -> int:
@@ -45,15 +51,17 @@ def vocab_width(model) -> int:
     return model.get_output_embeddings().weight.shape[0]
 
 
-def distilled_dir(target_name: str) -> Path:
-    """The distilled draft's directory for ``target_name``, or a ModelUnavailable saying how to train it."""
+def distilled_dir(target_name: str) -> tuple[Path, str]:
+    """The distilled draft's directory for ``target_name`` and its part name, or a ModelUnavailable saying
+    how to train it (also when its manifest does not say training finished)."""
     directory = distilled_draft_dir(target_name)
+    command = f"python -m specbench.train draft model={target_name}"
     if not directory.is_dir():
         raise ModelUnavailable(
             f"no distilled draft model for {target_name} at {directory}; train it once with "
-            f"`python -m specbench.train draft model={target_name}` or set model.draft.path=<Hub id or dir>"
+            f"`{command}` or set model.draft.path=<Hub id or dir>"
         )
-    return directory
+    return directory, part_name("draft", directory, finished_manifest(directory, "distilled draft", command))
 
 
 def load_draft(cfg, target_name: str, target, tokenizer) -> LoadedDraft:
@@ -68,9 +76,16 @@ def load_draft(cfg, target_name: str, target, tokenizer) -> LoadedDraft:
         raise ConfigError(f"model.draft.source must be one of {DRAFT_SOURCES}; got {source!r}")
     if source == "target" and not path:
         return LoadedDraft(target, tokenizer, "target")
-    if path or source == "distilled":
-        location = os.path.expanduser(str(path)) if path else str(distilled_dir(target_name))
-        model, draft_tokenizer = load_pretrained(location, target.dtype, cfg.get("revision") if path else None)
+    part = ""
+    if path:
+        location = os.path.expanduser(str(path))
+        revision = cfg.get("revision")
+        part = f"draft:{location}" + (f"@{revision}" if revision else "")
+        model, draft_tokenizer = load_pretrained(location, target.dtype, revision)
+    elif source == "distilled":
+        directory, part = distilled_dir(target_name)
+        location = str(directory)
+        model, draft_tokenizer = load_pretrained(location, target.dtype, None)
     elif source == "tiny":
         tiny = dict(cfg.tiny)
         model = build_tiny_llama(vocab_width(target), device=target.device, dtype=target.dtype, **tiny)
@@ -83,7 +98,7 @@ def load_draft(cfg, target_name: str, target, tokenizer) -> LoadedDraft:
         )
     model = model.to(device=target.device, dtype=target.dtype).eval()
     check_vocab(model, draft_tokenizer, target, tokenizer, location)
-    return LoadedDraft(model, draft_tokenizer, location)
+    return LoadedDraft(model, draft_tokenizer, location, part)
 
 
 def check_vocab(draft, draft_tokenizer, target, tokenizer, location: str) -> None:
@@ -189,19 +204,8 @@ class DraftLM:
         Node ``i`` sits at ``depth`` under the tree row ``parent_rows[i]`` (-1 = the root, the last cached
         committed token). Each row sees the committed prefix, its ancestors' tree rows and itself.
         """
-        k, past, rows = len(tokens), len(self.tokens), len(self.tree_tokens)
-        parents = torch.tensor(parent_rows, dtype=torch.long)  # [k]
-        inherited = torch.zeros(k, rows, dtype=torch.bool)  # [k, rows] ancestors among earlier tree rows
-        has_parent = parents >= 0
-        inherited[has_parent] = self._tree_visible[parents[has_parent]]
-        visible = torch.cat([inherited, torch.eye(k, dtype=torch.bool)], dim=1)  # [k, rows + k]
-        grown = torch.zeros(rows + k, rows + k, dtype=torch.bool)
-        grown[:rows, :rows] = self._tree_visible
-        grown[rows:] = visible
-        self._tree_visible = grown
-        dtype = self.model.dtype
-        mask = torch.zeros(k, past + rows + k, dtype=dtype)  # [k, cached + k] additive
-        mask[:, past:].masked_fill_(~visible, torch.finfo(dtype).min)
+        k, past = len(tokens), len(self.tokens)
+        mask = self._tree_mask.add(parent_rows, past, self.model.dtype)  # [k, cached + k] additive
         device = self.model.device
         out = self.model(
             input_ids=torch.tensor([self._draft_ids(tokens)], device=device),
@@ -235,7 +239,7 @@ class DraftLM:
     def _drop_tree_state(self) -> None:
         """Forget the current step's tree rows (their KV is gone or kept by the caller)."""
         self.tree_tokens: list[int] = []
-        self._tree_visible = torch.zeros(0, 0, dtype=torch.bool)  # [rows, rows] ancestor-or-self
+        self._tree_mask = TreeRowMask()  # which tree rows each tree row sees
 
     def _count(self, fed: int) -> None:
         """Book one draft forward over ``fed`` tokens."""
@@ -276,6 +280,7 @@ class DraftModelDrafter(Drafter):
         self.sample_drafts = not self.sampling.greedy  # False: top-k drafts (deterministic) at any temperature
         self.lm: DraftLM | None = None
         self.draft_path = None
+        self.draft_part = ""
         self.eos_ids: frozenset[int] = frozenset()
 
     def setup(self, target, tokenizer) -> None:
@@ -284,6 +289,7 @@ class DraftModelDrafter(Drafter):
         oov = getattr(loaded.tokenizer, "unk_token_id", None)
         self.lm = DraftLM(loaded.model, vocab_width(target), oov if oov is not None else 0)
         self.draft_path = loaded.path
+        self.draft_part = loaded.part
         self.eos_ids = eos_token_ids(target, tokenizer)
 
     def reset(self, prompt_ids: list[int]) -> None:
@@ -318,6 +324,10 @@ class DraftModelDrafter(Drafter):
             return logits.topk(k).indices.tolist(), None
         probs = target_probs(logits.cpu(), self.sampling)  # [vocab]; the run's generator lives on the CPU
         return sample_without_replacement(probs, k, generator), probs
+
+    def artefacts(self) -> list[str]:
+        """The draft model (its weights digest when distilled here)."""
+        return [self.draft_part]
 
     def stats(self) -> dict:
         """Draft model, forwards, drafted/accepted tokens of the latest generation."""

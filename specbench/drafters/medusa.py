@@ -102,7 +102,7 @@ class Medusa(Drafter):
     def setup(self, target, tokenizer) -> None:
         """Load the heads for this target and fix the tree (calibration table -> sparse tree)."""
         loaded = load_heads(self.heads_cfg, target, self.target_name)
-        self.heads, self.origin = loaded.heads, loaded.origin
+        self.heads, self.origin, self.part = loaded.heads, loaded.origin, loaded.part
         paths, self.tree_source = tree_paths(self.tree_cfg, loaded.rank_accuracy, loaded.heads.num_heads,
                                              (self.heads_cfg or {}).get("tree"))
         self.layout = TreeLayout.from_paths(paths)
@@ -153,6 +153,10 @@ class Medusa(Drafter):
             else:
                 waiting.append((position, head, token))
         self.pending = waiting
+
+    def artefacts(self) -> list[str]:
+        """The Medusa heads (their weights digest when trained here)."""
+        return [self.part] if self.heads is not None else []
 
     def stats(self) -> dict:
         """Tree shape, acceptance by depth, each head's online top-1 accuracy, the heads' time (heads_s)."""

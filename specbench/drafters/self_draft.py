@@ -197,6 +197,10 @@ class SelfDraft(Drafter):
             "hit_rate": books.per("hit_steps", "steps_with_candidates"),
         }
 
+    def artefacts(self) -> list[str]:
+        """The corpus cache, when one is used."""
+        return [self.corpus_cache.part] if self.corpus_cache is not None else []
+
     # -- internals ---------------------------------------------------------------------------------
 
     @property

@@ -27,14 +27,19 @@ import torch
 from torch import nn
 
 from specbench.errors import ConfigError, ModelUnavailable
-from specbench.hub import hub_reachable
-from specbench.paths import cache_root
 from specbench.files import atomic_dir
+from specbench.hub import hub_reachable
+from specbench.manifest import finished_manifest, part_name, write_manifest
+from specbench.paths import cache_root
 
 SOURCES = ("hub", "trained", "random")
 WEIGHT_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
-BUNDLED_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json",
-                 "model.safetensors", "pytorch_model.bin")
+BUNDLED_FILES = (
+    "model.safetensors.index.json",
+    "pytorch_model.bin.index.json",
+    "model.safetensors",
+    "pytorch_model.bin",
+)
 BUNDLED_PREFIX = "medusa_head."
 CONFIG_FILE = "config.json"
 TRAINING_FILE = "training.json"
@@ -60,12 +65,12 @@ class MedusaHeads(nn.Module):
     neither saved nor trained); otherwise each head owns a ``Linear(H, V)`` (the paper's W_2^(k)).
     """
 
-    def __init__(self, hidden_size: int, vocab_size: int, num_heads: int, num_layers: int = 1,
-                 lm_head: nn.Module | None = None):
+    def __init__(
+        self, hidden_size: int, vocab_size: int, num_heads: int, num_layers: int = 1, lm_head: nn.Module | None = None
+    ):
         super().__init__()
         if num_heads < 1 or num_layers < 1:
-            raise ConfigError(f"Medusa heads need num_heads >= 1 and num_layers >= 1; got "
-                              f"{num_heads} and {num_layers}")
+            raise ConfigError(f"Medusa heads need num_heads >= 1 and num_layers >= 1; got {num_heads} and {num_layers}")
         self.hidden_size, self.vocab_size, self.num_layers = hidden_size, vocab_size, num_layers
         self.heads = nn.ModuleList(self._head(lm_head is None) for _ in range(num_heads))
         # NOTE: a tuple keeps the target's LM head out of this module's parameters and state dict.
@@ -107,6 +112,10 @@ class LoadedHeads:
     heads: MedusaHeads
     origin: str  # Hub id, folder, or "random(seed=...)"
     rank_accuracy: list[list[float]] | None  # a_k^(i): P(head k's i-th top token is right), [K][top_k]
+    part: str = ""  # how runs name these heads (trained: their weights digest; else where they came from)
+
+    def __post_init__(self) -> None:
+        self.part = self.part or f"medusa:{self.origin}"
 
 
 def checkpoint_layout(state: dict[str, torch.Tensor]) -> tuple[int, int, bool]:
@@ -114,8 +123,10 @@ def checkpoint_layout(state: dict[str, torch.Tensor]) -> tuple[int, int, bool]:
     matches = [KEY_PATTERN.match(key) for key in state]
     bad = [key for key, m in zip(state, matches) if m is None]
     if bad or not state:
-        raise ConfigError(f"not a Medusa heads state dict (unexpected keys {bad[:3] or 'none at all'}); "
-                          f"expected '{{head}}.{{layer}}.linear.weight' / '{{head}}.{{layers}}.weight'")
+        raise ConfigError(
+            f"not a Medusa heads state dict (unexpected keys {bad[:3] or 'none at all'}); "
+            f"expected '{{head}}.{{layer}}.linear.weight' / '{{head}}.{{layers}}.weight'"
+        )
     heads = sorted({int(m.group(1)) for m in matches})
     layers = sorted({int(m.group(2)) for m in matches if m.group(3).startswith("linear")})
     if heads != list(range(len(heads))) or layers != list(range(len(layers))) or not layers:
@@ -133,8 +144,10 @@ def heads_from_state(state: dict[str, torch.Tensor], target: nn.Module) -> Medus
     vocab, hidden = lm_head.weight.shape
     found = state["0.0.linear.weight"].shape
     if tuple(found) != (hidden, hidden) or (own_output and state[f"0.{num_layers}.weight"].shape[0] != vocab):
-        raise ConfigError(f"Medusa heads do not fit this target: residual block {tuple(found)}, target "
-                          f"hidden size {hidden} and vocabulary {vocab}; use heads trained for this model")
+        raise ConfigError(
+            f"Medusa heads do not fit this target: residual block {tuple(found)}, target "
+            f"hidden size {hidden} and vocabulary {vocab}; use heads trained for this model"
+        )
     with torch.device("meta"):
         heads = MedusaHeads(hidden, vocab, num_heads, num_layers, None if own_output else lm_head)
     heads.load_checkpoint_state(state, assign=True)
@@ -149,7 +162,7 @@ def random_heads(target: nn.Module, num_heads: int, seed: int, num_layers: int =
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for param in heads.parameters():
-            param.copy_(torch.randn(param.shape, generator=generator) / hidden ** 0.5)
+            param.copy_(torch.randn(param.shape, generator=generator) / hidden**0.5)
     return heads.to(device=lm_head.weight.device, dtype=lm_head.weight.dtype).eval().requires_grad_(False)
 
 
@@ -159,12 +172,12 @@ def read_tensors(path: Path, prefix: str = "") -> dict[str, torch.Tensor]:
         from safetensors import safe_open
 
         with safe_open(str(path), framework="pt") as handle:
-            return {key[len(prefix):]: handle.get_tensor(key) for key in handle.keys() if key.startswith(prefix)}
+            return {key[len(prefix) :]: handle.get_tensor(key) for key in handle.keys() if key.startswith(prefix)}
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except RuntimeError:  # legacy (non-zip) pickles cannot be memory-mapped
         state = torch.load(path, map_location="cpu", weights_only=True)
-    return {key[len(prefix):]: value for key, value in state.items() if key.startswith(prefix)}
+    return {key[len(prefix) :]: value for key, value in state.items() if key.startswith(prefix)}
 
 
 class CheckpointFiles:
@@ -218,7 +231,8 @@ def published_heads(path: str, revision: str | None, target: nn.Module) -> Loade
             raise ModelUnavailable(
                 f"Medusa heads '{path}' are not in the local Hugging Face cache and the Hub cannot be "
                 f"reached. Download them where you have network (huggingface-cli download {path} "
-                f"--local-dir DIR) and run with model.medusa.path=DIR.")
+                f"--local-dir DIR) and run with model.medusa.path=DIR."
+            )
         try:
             state = _read_checkpoint(files, cached_only=False)
         except OSError as error:  # unknown or gated repo, bad revision, network failure
@@ -241,21 +255,27 @@ def trained_dir(target_name: str) -> Path:
 
 
 def trained_heads(target_name: str, target: nn.Module) -> LoadedHeads:
-    """Our own trained heads for ``target_name``, with the calibration table saved beside them."""
+    """Our own trained heads for ``target_name`` (only if their manifest says training finished), with the
+    calibration table saved beside them."""
     folder = trained_dir(target_name)
     weights = folder / WEIGHT_FILES[0]
-    if not weights.is_file():
+    command = f"python -m specbench.train medusa model={target_name}"
+    if not folder.is_dir():
         raise ModelUnavailable(
-            f"No trained Medusa heads for model '{target_name}' (looked in {folder}). Train them with: "
-            f"python -m specbench.train medusa model={target_name}")
-    return LoadedHeads(heads_from_state(read_tensors(weights), target), str(folder), calibration_table(folder))
+            f"No trained Medusa heads for model '{target_name}' (looked in {folder}). Train them with: {command}"
+        )
+    manifest = finished_manifest(folder, "Medusa heads", command)
+    heads = heads_from_state(read_tensors(weights), target)
+    return LoadedHeads(heads, str(folder), calibration_table(folder), part_name("medusa", folder, manifest))
 
 
 def load_heads(node, target: nn.Module, target_name: str) -> LoadedHeads:
     """The heads a ``conf/model/*.yaml`` ``medusa:`` node names, bound to ``target``."""
     if node is None:
-        raise ConfigError(f"model '{target_name}' has no 'medusa:' node; add one to its conf/model file "
-                          f"(source: hub | trained | random)")
+        raise ConfigError(
+            f"model '{target_name}' has no 'medusa:' node; add one to its conf/model file "
+            f"(source: hub | trained | random)"
+        )
     source = node.get("source")
     if source not in SOURCES:
         raise ConfigError(f"model.medusa.source must be one of {SOURCES}; got {source!r}")
@@ -277,8 +297,26 @@ def save_heads(heads: MedusaHeads, folder: Path, base_model: str, training: dict
     with atomic_dir(folder) as staging:
         state = {key: value.detach().contiguous().cpu() for key, value in heads.checkpoint_state().items()}
         save_file(state, str(staging / WEIGHT_FILES[0]))
-        config = {"medusa_num_heads": heads.num_heads, "medusa_num_layers": heads.num_layers,
-                  "base_model_name_or_path": base_model, "hidden_size": heads.hidden_size,
-                  "vocab_size": heads.vocab_size, "shares_lm_head": heads.shares_lm_head}
+        config = {
+            "medusa_num_heads": heads.num_heads,
+            "medusa_num_layers": heads.num_layers,
+            "base_model_name_or_path": base_model,
+            "hidden_size": heads.hidden_size,
+            "vocab_size": heads.vocab_size,
+            "shares_lm_head": heads.shares_lm_head,
+        }
         (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
         (staging / TRAINING_FILE).write_text(json.dumps(training, indent=2) + "\n")
+        result = training["result"]
+        top1 = (training.get("accuracy") or {}).get("top1")
+        write_manifest(
+            staging,
+            "Medusa heads",
+            [WEIGHT_FILES[0]],
+            training["digest"],
+            training.get("data"),
+            result["steps"],
+            result["steps_planned"],
+            result["stopped_by"],
+            {"top1": top1},
+        )

@@ -3,10 +3,12 @@
     python -m specbench.reproduce [all|run|build|list] [--scale smoke|paper] [--only NAME ...]
                                   [--results-root DIR] [--coverage] [--gpu a100] [OVERRIDE ...]
 
-``run`` runs the plan's experiments (resuming: complete runs are not repeated) and latency profiles,
+``run`` trains the drafts and heads that pending jobs need and nobody trained yet (``specbench.reproduce.parts``),
+then runs the plan's experiments (resuming: complete runs are not repeated) and latency profiles,
 ``build`` writes the tables (Markdown, LaTeX, CSV) and figures (PNG, PDF) from the stored results,
 ``all`` does both (what ``make reproduce-tables`` calls), ``list`` shows the plan with its cost (jobs,
-samples, generated tokens, forwards and GPU-hours per experiment; ``specbench.reproduce.cost``), and
+samples, generated tokens, forwards and GPU-hours per experiment; ``specbench.reproduce.cost``; for a stand-in
+plan also its minutes estimated from the stored runs' wall times, ``specbench.reproduce.walltime``), and
 ``list --coverage`` which job fills each published number, or why none can (``specbench.reproduce.coverage``).
 Trailing Hydra overrides (``device=cuda``, ``dtype=bfloat16``, ...) go to every experiment.
 """
@@ -14,12 +16,11 @@ Trailing Hydra overrides (``device=cuda``, ``dtype=bfloat16``, ...) go to every 
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
-from specbench.errors import UserError
+from specbench.cli import user_errors
 from specbench.reproduce.plan import load_plan, run_plan, scales, select
 
 ACTIONS = ("all", "run", "build", "list")
@@ -57,13 +58,25 @@ def list_text(plan, only: list[str] | None, coverage: bool, gpu: str) -> str:
     latency = LatencyModel(gpu, plan.profile_root)
     per_job = estimate(jobs, latency)
     header = f"Plan `{plan.scale}`: {len(names)} experiments, {len(jobs)} jobs (conf/reproduce/{plan.scale}.yaml)\n\n"
-    return header + cost_text(per_job, cost_table(per_job, names), latency)
+    return header + cost_text(per_job, cost_table(per_job, names), latency) + walltime_section(plan, jobs, names)
+
+
+def walltime_section(plan, jobs, names: list[str]) -> str:
+    """For a stand-in (CPU) plan: its minutes on this machine, estimated from the stored runs' wall times."""
+    from specbench.reproduce.walltime import estimate_walltime, stored_timings, walltime_table, walltime_text
+
+    stored = stored_timings(plan.results_root) if plan.stand_in_model and plan.results_root.is_dir() else None
+    if stored is None or stored.empty:
+        return ""
+    table = walltime_table(estimate_walltime(jobs, stored), names)
+    return "\nWall time of the plan on the machine of the stored runs:\n\n" + walltime_text(table, plan.results_root,
+                                                                                            stored)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the chosen action; exit 2 with a one-line message on a user error."""
     args = _parser().parse_args(argv)
-    try:
+    with user_errors(argv):
         plan = load_plan(args.scale)
         if args.results_root:
             plan = replace(plan, results_root=args.results_root.resolve())
@@ -71,15 +84,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(list_text(plan, args.only, args.coverage, args.gpu), end="")
             return
         if args.action in ("all", "run"):
-            seconds = run_plan(plan, args.only, args.overrides)
+            from specbench.reproduce.parts import train_needed
+
+            seconds = {**train_needed(plan, args.only), **run_plan(plan, args.only, args.overrides)}
             print(f"[reproduce] {len(seconds)} step(s) in {sum(seconds.values()) / 60:.1f} min")
         if args.action in ("all", "build"):
             from specbench.reproduce.build import build
 
             build(plan)
-    except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -61,6 +61,7 @@ class CorpusCache:
         self.max_key_len: int = self.settings["max_key_len"]  # suffix keys of 1..max_key_len tokens
         self.continuation_len: int = self.settings["continuation_len"]  # tokens per continuation (G)
         self.info = dict(info or {})
+        self.part = ""  # how runs name this cache (set by the loader: its file's identity digest)
         self._continuations = continuations
         self._counts = counts
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from specbench.errors import UserError
+from specbench.cli import interrupted, user_errors
 
 COMMANDS = {
     "draft": ("specbench.train.draft", "distil a small draft model from the target (spede, opt_tree)"),
@@ -32,14 +32,11 @@ def main(argv: list[str]) -> int:
         print(f"error: unknown subcommand {command!r}\n\n{usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[command][0])
-    try:
-        module.main(overrides)
-    except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted: finished work is cached; rerun the same command to resume", file=sys.stderr)
-        return 130
+    with user_errors(argv):
+        try:
+            module.main(overrides)
+        except KeyboardInterrupt as stop:
+            interrupted(stop, "finished work is cached; rerun the same command to resume")
     return 0
 
 

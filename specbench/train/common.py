@@ -4,22 +4,25 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import time
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from specbench.config import compose_config
 from specbench.errors import ConfigError
+from specbench.files import write_atomic
 from specbench.models.loading import LoadedModel, load_model, resolve_device, resolve_dtype
+from specbench.paths import cache_root
 
 
 def compose_train(command: str, overrides: list[str]) -> DictConfig:
     """``conf/train/<command>.yaml`` with Hydra overrides; a bad override is a one-line ConfigError."""
-    from hydra.errors import HydraException
-
     try:
         return compose_config(*overrides, config_name=f"train/{command}")
-    except HydraException as error:
+    except ConfigError as error:
         raise ConfigError(f"invalid override for `specbench.train {command}`: {error}") from None
 
 
@@ -51,3 +54,68 @@ def load_target(cfg: DictConfig) -> LoadedModel:
 def write_json(path: Path, data: dict) -> None:
     """Write ``data`` as indented JSON (the caller makes the enclosing directory atomic)."""
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+class TimeBudget:
+    """A training time cap that holds: a step starts only while the slowest step so far still fits in it."""
+
+    def __init__(self, minutes: float | None):
+        self.limit = 60 * minutes if minutes else math.inf
+        self.start = self.last = time.monotonic()
+        self.slowest = 0.0
+
+    def fraction(self) -> float:
+        """The share of the budget used so far (0 without a cap)."""
+        return (time.monotonic() - self.start) / self.limit
+
+    def allows_step(self) -> bool:
+        """Whether one more step (as slow as the slowest yet) ends inside the budget."""
+        return time.monotonic() - self.start + self.slowest <= self.limit
+
+    def step_done(self) -> None:
+        """Record the step just finished."""
+        now = time.monotonic()
+        self.slowest = max(self.slowest, now - self.last)
+        self.last = now
+
+    def elapsed(self) -> float:
+        """Seconds since the budget started."""
+        return time.monotonic() - self.start
+
+
+AMP_CHOICES = (None, "auto", "bfloat16", "float16")
+
+
+def autocast_dtype(requested: str | None, device: torch.device) -> torch.dtype | None:
+    """The mixed-precision dtype to train in: ``auto`` picks bfloat16 only where it is fast (a GPU that
+    supports it, or a CPU measured once to multiply faster in bfloat16 than in float32), else float32 (None)."""
+    if requested != "auto":
+        return getattr(torch, requested) if requested else None
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if cpu_bf16_is_faster() else None
+
+
+def cpu_bf16_is_faster() -> bool:
+    """Whether this CPU multiplies faster in bfloat16 than in float32 (measured once, cached per CPU and torch)."""
+    from specbench.environment import cpu_name
+
+    path = cache_root() / "hardware.json"
+    key = f"{cpu_name()} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+    known = json.loads(path.read_text()) if path.is_file() else {}
+    if key not in known:
+        known[key] = {"bf16_matmul_ms": matmul_ms(torch.bfloat16), "fp32_matmul_ms": matmul_ms(torch.float32)}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(known, indent=2) + "\n")
+    return known[key]["bf16_matmul_ms"] < known[key]["fp32_matmul_ms"]
+
+
+def matmul_ms(dtype: torch.dtype, size: int = 512, repeats: int = 5) -> float:
+    """Best-of-``repeats`` milliseconds of a [size, 4 size] x [4 size, size] matmul in ``dtype`` on the CPU."""
+    a, b = torch.randn(size, 4 * size).to(dtype), torch.randn(4 * size, size).to(dtype)
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return round(1000 * best, 3)

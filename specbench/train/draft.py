@@ -20,7 +20,6 @@
 from __future__ import annotations
 
 import copy
-import json
 import math
 import time
 from dataclasses import asdict
@@ -32,11 +31,12 @@ from tqdm import tqdm
 
 from specbench import environment
 from specbench.errors import ConfigError
-from specbench.files import atomic_dir
+from specbench.files import atomic_dir, building
+from specbench.manifest import read_manifest, write_manifest
 from specbench.paths import distilled_draft_dir
 from specbench.train.agreement import agreement_report, expected_speedup, latency_report
 from specbench.train.batches import Batch, answer_logits, check_soft_labels, collate
-from specbench.train.common import compose_train, container, digest, load_target, write_json
+from specbench.train.common import TimeBudget, compose_train, container, digest, load_target, write_json
 from specbench.train.selfdistill import SelfDistilled, data_summary, self_distilled
 from specbench.train.selfdistill import validate as validate_prompts
 
@@ -74,13 +74,12 @@ def validate(cfg: DictConfig) -> None:
 def settings_digest(cfg: DictConfig) -> str:
     """Digest of the settings that define the draft; budgets and speed knobs are left out.
 
-    ``train.max_minutes`` is a budget, like ``prompts.batch_size`` a speed knob: a run the time limit
-    cut short says so in training.json (``stopped_by``), and ``force=true`` retrains it. The model's
+    ``prompts.batch_size`` is a speed knob. ``train.max_minutes`` is part of the schedule (the cosine
+    decay follows the larger of the step and time fractions), so it is a setting. The model's
     ``draft.rank_hits`` is a measurement of the trained draft (this command reports it), not a setting.
     """
     prompts, train, model = container(cfg.prompts), container(cfg.train), container(cfg.model)
     prompts.pop("batch_size")
-    train.pop("max_minutes")
     (model.get("draft") or {}).pop("rank_hits", None)
     return digest(
         {"model": model, "dtype": cfg.dtype, "prompts": prompts, "draft": container(cfg.draft), "train": train}
@@ -88,9 +87,9 @@ def settings_digest(cfg: DictConfig) -> str:
 
 
 def already_trained(out_dir: Path, settings: str) -> bool:
-    """Whether ``out_dir`` holds a draft trained with these exact settings."""
-    record = out_dir / TRAINING_JSON
-    return record.is_file() and json.loads(record.read_text("utf-8")).get("settings_digest") == settings
+    """Whether ``out_dir`` holds a finished draft trained with these exact settings."""
+    manifest = read_manifest(out_dir)
+    return bool(manifest and manifest.get("finished") and manifest.get("settings_digest") == settings)
 
 
 # --- the draft model ------------------------------------------------------------------------------
@@ -150,11 +149,12 @@ def distillation_loss(logits: torch.Tensor, batch: Batch, soft_weight: float, ha
     return soft_weight * soft + hard_weight * hard
 
 
-def learning_rate(step: int, train_cfg) -> float:
-    """Linear warm-up to ``train.lr``, then cosine decay to 10% of it at ``train.steps``."""
+def learning_rate(step: int, train_cfg, time_fraction: float = 0.0) -> float:
+    """Linear warm-up to ``train.lr``, then cosine decay to 10% of it at ``train.steps`` or at the end of
+    ``train.max_minutes``, whichever comes first (``time_fraction``: the share of the time budget used)."""
     if step < train_cfg.warmup_steps:
         return train_cfg.lr * (step + 1) / train_cfg.warmup_steps
-    progress = (step - train_cfg.warmup_steps) / max(1, train_cfg.steps - train_cfg.warmup_steps)
+    progress = max((step - train_cfg.warmup_steps) / max(1, train_cfg.steps - train_cfg.warmup_steps), time_fraction)
     return train_cfg.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
@@ -173,13 +173,16 @@ def train_draft(draft, items: list[SelfDistilled], train_cfg, pad_id: int, progr
     trainable = [p for p in draft.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
     batches = batch_order(len(items), train_cfg.batch_size, torch.Generator().manual_seed(train_cfg.seed))
-    deadline = time.perf_counter() + 60 * train_cfg.max_minutes if train_cfg.max_minutes else math.inf
+    budget = TimeBudget(train_cfg.max_minutes)
     draft.train()
-    curve, window, start, stopped_by = [], [], time.perf_counter(), "steps"
+    curve, window, stopped_by = [], [], "steps"
     bar = tqdm(range(train_cfg.steps), desc="distil draft", unit="step", disable=not progress)
     for step in bar:
+        if not budget.allows_step():
+            stopped_by = "max_minutes"  # the schedule has annealed with the time fraction: training is complete
+            break
         for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, train_cfg)
+            group["lr"] = learning_rate(step, train_cfg, budget.fraction())
         batch = collate([items[i] for i in next(batches)], pad_id).to(device)
         loss = distillation_loss(answer_logits(draft, batch), batch, train_cfg.soft_weight, train_cfg.hard_weight)
         optimizer.zero_grad(set_to_none=True)
@@ -187,21 +190,18 @@ def train_draft(draft, items: list[SelfDistilled], train_cfg, pad_id: int, progr
         torch.nn.utils.clip_grad_norm_(trainable, train_cfg.grad_clip)
         optimizer.step()
         window.append(loss.item())
-        if len(window) == 10 or step == train_cfg.steps - 1:
+        budget.step_done()
+        if len(window) == 10 or step == train_cfg.steps - 1 or not budget.allows_step():
             curve.append([step + 1, round(sum(window) / len(window), 4)])
             bar.set_postfix(loss=curve[-1][1])
             window = []
-        if time.perf_counter() > deadline:
-            stopped_by = "max_minutes"
-            if window:
-                curve.append([step + 1, round(sum(window) / len(window), 4)])
-            break
     bar.close()
     draft.eval()
     return {
-        "steps_done": curve[-1][0],
+        "steps_done": curve[-1][0] if curve else 0,
+        "steps_planned": train_cfg.steps,
         "stopped_by": stopped_by,
-        "seconds": round(time.perf_counter() - start, 1),
+        "seconds": round(budget.elapsed(), 1),
         "loss_curve": curve,
     }
 
@@ -226,11 +226,24 @@ def latency_context(items: list[SelfDistilled]) -> list[int]:
 
 
 def save_draft(draft, tokenizer, out_dir: Path, record: dict) -> None:
-    """Write weights, tokenizer and training.json into ``out_dir`` atomically (replacing an old draft)."""
+    """Write weights, tokenizer, training.json and, last, the manifest into ``out_dir`` atomically."""
     with atomic_dir(out_dir) as staging:
         draft.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         write_json(staging / TRAINING_JSON, record)
+        training = record["training"]
+        weights = sorted(path.name for path in staging.glob("*.safetensors"))
+        write_manifest(
+            staging,
+            "distilled draft",
+            weights,
+            record["settings_digest"],
+            record["data"]["digest"],
+            training["steps_done"],
+            training["steps_planned"],
+            training["stopped_by"],
+            {"heldout_agreement": record["heldout"]["after_training"]["agreement"]},
+        )
 
 
 def distil(cfg: DictConfig, lm, data: list[SelfDistilled]) -> tuple[torch.nn.Module, dict]:
@@ -299,12 +312,13 @@ def main(overrides: list[str]) -> None:
         )
         return
     began = time.perf_counter()
-    lm = load_target(cfg)
-    data = self_distilled(lm, cfg.prompts, cfg.data_dir, progress=cfg.progress)
-    data_s = time.perf_counter() - began
-    draft, record = distil(cfg, lm, data)
-    record.update(
-        settings_digest=settings, data_seconds=round(data_s, 1), total_seconds=round(time.perf_counter() - began, 1)
-    )
-    save_draft(draft, lm.tokenizer, out_dir, record)
+    with building(out_dir):
+        lm = load_target(cfg)
+        data = self_distilled(lm, cfg.prompts, cfg.data_dir, progress=cfg.progress)
+        data_s = time.perf_counter() - began
+        draft, record = distil(cfg, lm, data)
+        record.update(
+            settings_digest=settings, data_seconds=round(data_s, 1), total_seconds=round(time.perf_counter() - began, 1)
+        )
+        save_draft(draft, lm.tokenizer, out_dir, record)
     print_report(out_dir, record)

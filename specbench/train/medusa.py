@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,8 +27,19 @@ import torch
 from tqdm import tqdm
 
 from specbench.errors import ConfigError
+from specbench.files import building
+from specbench.manifest import read_manifest
 from specbench.models.medusa_heads import TRAINING_FILE, MedusaHeads, save_heads, trained_dir
-from specbench.train.common import compose_train, container, digest, load_target, model_identity
+from specbench.train.common import (
+    AMP_CHOICES,
+    TimeBudget,
+    autocast_dtype,
+    compose_train,
+    container,
+    digest,
+    load_target,
+    model_identity,
+)
 from specbench.train.selfdistill import SelfDistilled, data_summary, self_distilled
 
 IGNORE = -100  # label of a (position, head) whose target lies past the sequence end
@@ -69,8 +79,8 @@ def validate(cfg) -> None:
         (train.eval_top_k >= 1, f"train.eval_top_k must be >= 1 (got {train.eval_top_k})"),
         (train.max_length >= 3, f"train.max_length must be >= 3 (got {train.max_length})"),
         (
-            train.amp_dtype in (None, "bfloat16", "float16"),
-            f"train.amp_dtype must be null, bfloat16 or float16 (got {train.amp_dtype})",
+            train.amp_dtype in AMP_CHOICES,
+            f"train.amp_dtype must be auto, null, bfloat16 or float16 (got {train.amp_dtype})",
         ),
     ]
     problems = [message for ok, message in checks if not ok]
@@ -137,10 +147,11 @@ def lr_factor(step: int, progress: float, warmup: int) -> float:
 
 
 def autocast(device: torch.device, amp_dtype: str | None):
-    """Mixed precision for the heads' forward (the LM-head matmul dominates), or a no-op."""
-    if amp_dtype is None:
+    """Mixed precision for the heads' forward (the LM-head matmul dominates) where it is fast, or a no-op."""
+    dtype = autocast_dtype(amp_dtype, device)
+    if dtype is None:
         return torch.autocast(device.type, enabled=False)
-    return torch.autocast(device.type, dtype=getattr(torch, amp_dtype))
+    return torch.autocast(device.type, dtype=dtype)
 
 
 def train_heads(heads: MedusaHeads, train: Features, cfg, device: torch.device, progress: bool) -> dict:
@@ -150,12 +161,11 @@ def train_heads(heads: MedusaHeads, train: Features, cfg, device: torch.device, 
     weights = torch.tensor([cfg.loss_decay**k for k in range(1, heads.num_heads + 1)], device=device)  # lambda_k
     generator = seeded(cfg.seed)
     order, cursor, seen = torch.randperm(len(train), generator=generator), 0, 0
-    budget_s = cfg.max_minutes * 60 if cfg.max_minutes else math.inf
-    start = time.monotonic()
+    budget = TimeBudget(cfg.max_minutes)
     bar = tqdm(total=cfg.max_steps, desc="medusa heads", unit="step", disable=not progress)
     step, losses = 0, None
-    while step < cfg.max_steps and time.monotonic() - start < budget_s:
-        progress_now = max(step / cfg.max_steps, (time.monotonic() - start) / budget_s)
+    while step < cfg.max_steps and budget.allows_step():
+        progress_now = max(step / cfg.max_steps, budget.fraction())
         for group in optimizer.param_groups:
             group["lr"] = cfg.lr * lr_factor(step, progress_now, cfg.warmup_steps)
         if cursor >= len(order):
@@ -169,13 +179,15 @@ def train_heads(heads: MedusaHeads, train: Features, cfg, device: torch.device, 
         (weights * losses).sum().backward()
         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         optimizer.step()
+        budget.step_done()
         step += 1
         bar.update(1)
         bar.set_postfix(loss=" ".join(f"{x:.2f}" for x in losses.tolist()))
     bar.close()
     return {
         "steps": step,
-        "seconds": round(time.monotonic() - start, 1),
+        "steps_planned": cfg.max_steps,
+        "seconds": round(budget.elapsed(), 1),
         "epochs": round(seen / len(train), 3),
         "stopped_by": "max_steps" if step >= cfg.max_steps else "max_minutes",
         "last_batch_loss": [round(x, 4) for x in losses.tolist()] if losses is not None else None,
@@ -231,14 +243,13 @@ def accuracy_table(result: dict) -> str:
 
 
 def already_trained(folder: Path, settings_digest: str) -> dict | None:
-    """The saved training record when ``folder`` holds heads trained with exactly these settings."""
+    """The saved training record when ``folder`` holds finished heads trained with exactly these settings."""
     import json
 
-    record = folder / TRAINING_FILE
-    if not record.is_file():
+    manifest = read_manifest(folder)
+    if not (manifest and manifest.get("finished") and manifest.get("settings_digest") == settings_digest):
         return None
-    saved = json.loads(record.read_text())
-    return saved if saved.get("digest") == settings_digest else None
+    return json.loads((folder / TRAINING_FILE).read_text())
 
 
 def main(overrides: list[str]) -> Path:
@@ -260,30 +271,31 @@ def main(overrides: list[str]) -> Path:
         print(f"[specbench] Medusa heads in {folder} are up to date (same settings; force=true retrains)")
         print(accuracy_table(previous["accuracy"]))
         return folder
-    train_data, eval_data = split(data, cfg.train.eval_sequences, cfg.train.seed)
-    backbone = lm.model.base_model
-    train = extract_features(backbone, train_data, cfg.heads.num_heads, cfg.train.max_length, cfg.progress)
-    held_out = extract_features(backbone, eval_data, cfg.heads.num_heads, cfg.train.max_length, cfg.progress)
-    device = lm.model.device
-    torch.manual_seed(cfg.train.seed)
-    heads = build_heads(lm.model.get_output_embeddings(), cfg.heads, device)
-    print(
-        f"[specbench] training {cfg.heads.num_heads} Medusa heads on {len(train)} positions "
-        f"({len(train_data)} sequences); {len(held_out)} held-out positions"
-    )
-    result = train_heads(heads, train, cfg.train, device, cfg.progress)
-    accuracy = evaluate(heads, held_out, cfg.train.eval_top_k, cfg.train.batch_size, device)
-    print(accuracy_table(accuracy))
-    record = {
-        "digest": settings_digest,
-        **settings,
-        "data_summary": data_summary(data),
-        "train_positions": len(train),
-        "result": result,
-        "accuracy": accuracy,
-        "rank_accuracy": accuracy["rank_accuracy"],
-    }
-    save_heads(heads, folder, lm.path, record)
+    with building(folder):
+        train_data, eval_data = split(data, cfg.train.eval_sequences, cfg.train.seed)
+        backbone = lm.model.base_model
+        train = extract_features(backbone, train_data, cfg.heads.num_heads, cfg.train.max_length, cfg.progress)
+        held_out = extract_features(backbone, eval_data, cfg.heads.num_heads, cfg.train.max_length, cfg.progress)
+        device = lm.model.device
+        torch.manual_seed(cfg.train.seed)
+        heads = build_heads(lm.model.get_output_embeddings(), cfg.heads, device)
+        print(
+            f"[specbench] training {cfg.heads.num_heads} Medusa heads on {len(train)} positions "
+            f"({len(train_data)} sequences); {len(held_out)} held-out positions"
+        )
+        result = train_heads(heads, train, cfg.train, device, cfg.progress)
+        accuracy = evaluate(heads, held_out, cfg.train.eval_top_k, cfg.train.batch_size, device)
+        print(accuracy_table(accuracy))
+        record = {
+            "digest": settings_digest,
+            **settings,
+            "data_summary": data_summary(data),
+            "train_positions": len(train),
+            "result": result,
+            "accuracy": accuracy,
+            "rank_accuracy": accuracy["rank_accuracy"],
+        }
+        save_heads(heads, folder, lm.path, record)
     print(
         f"[specbench] Medusa heads saved to {folder} ({result['steps']} steps, {result['seconds']} s, "
         f"stopped by {result['stopped_by']})"

@@ -1,0 +1,90 @@
+"""Manifests of trained parts (distilled drafts, Medusa and EAGLE heads): proof that a part is complete.
+
+A trainer writes ``manifest.json`` as the LAST file of the part's folder, inside the atomic staging
+folder (``files.atomic_dir``), so it exists only when every other file does. It records what the part
+was trained from (settings and data digests), how far training got (steps done and planned, what
+stopped it), the accuracy measured, and a digest of the weight files that names the part in every run
+that uses it. Loaders go through ``finished_manifest``: a folder without a finished manifest (a
+training cut short, a partial copy, a part trained by an older specbench) is never used silently.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from specbench.errors import ModelUnavailable
+
+MANIFEST = "manifest.json"
+MANIFEST_VERSION = "specbench.manifest/1"
+
+
+def files_digest(folder: Path, names: list[str]) -> str:
+    """sha256 (16 hex digits) over the named files' bytes, in order: the identity of trained weights."""
+    digest = hashlib.sha256()
+    for name in names:
+        with open(folder / name, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def write_manifest(
+    folder: Path,
+    kind: str,
+    weight_files: list[str],
+    settings_digest: str,
+    data_digest: str | None,
+    steps_done: int,
+    steps_planned: int | None,
+    stopped_by: str,
+    accuracy: Any = None,
+) -> dict:
+    """Write ``folder/manifest.json`` (call it last, inside the staging folder); returns its content."""
+    manifest = {
+        "schema": MANIFEST_VERSION,
+        "kind": kind,
+        "finished": True,  # written only once training ended by its own schedule and every file is saved
+        "weights_digest": files_digest(folder, weight_files),
+        "settings_digest": settings_digest,
+        "data_digest": data_digest,
+        "steps_done": steps_done,
+        "steps_planned": steps_planned,
+        "stopped_by": stopped_by,
+        "accuracy": accuracy,
+    }
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    return manifest
+
+
+def read_manifest(folder: Path) -> dict | None:
+    """The folder's manifest, or None when it has none or it cannot be read."""
+    path = Path(folder) / MANIFEST
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def finished_manifest(folder: Path, kind: str, train_command: str) -> dict:
+    """The manifest of a trained part that may be used, or ModelUnavailable saying how to (re)train it."""
+    manifest = read_manifest(folder)
+    if manifest is None:
+        raise ModelUnavailable(
+            f"the {kind} in {folder} has no manifest.json: its training did not finish, the folder is a partial "
+            f"copy, or an older specbench trained it; it is not used. Train it again: `{train_command} force=true`"
+        )
+    if not manifest.get("finished"):
+        raise ModelUnavailable(
+            f"the {kind} in {folder} is unfinished ({manifest.get('steps_done')} of "
+            f"{manifest.get('steps_planned')} steps, stopped by {manifest.get('stopped_by')}); it is not used. "
+            f"Finish it: `{train_command} force=true`"
+        )
+    return manifest
+
+
+def part_name(kind: str, folder: Path | str, manifest: dict | None) -> str:
+    """How a run names a part it used: ``<kind>:<weights digest>`` for trained parts, else where it came from."""
+    return f"{kind}:{manifest['weights_digest']}" if manifest else f"{kind}:{folder}"

@@ -126,12 +126,18 @@ def turn_record(rng: np.random.Generator, seed: int, cfg: DictConfig, run_id: st
     stats = opt_tree_stats(rng, [a - 1 for a in lengths]) if cfg.method.name == "opt_tree" else {}
     return {"schema": SCHEMA_VERSION, "run_id": run_id, "sample_id": sample_id, "turn": turn, "n_turns": n_turns,
             "category": category, "fine_category": None, "prompt_tokens": prompt_tokens,
+            "prompt_sha": prompt_digest(cfg, sample_id, turn),
             "new_tokens": len(output), "output_ids": output,
             "output_text": " ".join(f"t{token}" for token in output), "wall_s": PREFILL_S + sum(step_s),
             "prefill_s": PREFILL_S, "target_forwards": len(lengths), "accept_lengths": lengths,
             "draft_tokens": drafted, "step_s": step_s, "verify_s": verify_s, **phases,
             "stop_reason": "max_new_tokens" if len(output) == cfg.max_new_tokens else "eos",
             "drafter_stats": stats}
+
+
+def prompt_digest(cfg: DictConfig, sample_id: str, turn: int) -> str:
+    """The prompt digest of one turn: equal for every run of the same model, dataset and sample (AR pairs with it)."""
+    return hashlib.sha256(f"{cfg.model.name}/{cfg.dataset.name}/{sample_id}/{turn}".encode()).hexdigest()[:16]
 
 
 def run_records(seed: int, cfg: DictConfig, folder: Path, run_id: str) -> list[dict]:

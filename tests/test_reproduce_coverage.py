@@ -125,20 +125,18 @@ def test_no_two_jobs_of_a_plan_share_a_run_folder_with_different_configs(paper_j
 
 
 def test_stored_smoke_runs_keep_their_folders_and_config_digests():
-    """Every smoke job that has a stored run finds it in the same folder with the same config digest, so
-    ``make reproduce-tables`` resumes the stored smoke results instead of stopping on a conflict."""
+    """Every smoke job whose run folder is stored finds it with the same config digest, so ``make
+    reproduce-tables`` resumes the stored smoke results instead of stopping on a conflict. Stored runs that no
+    job of the plan makes any more (the plan's settings changed: their folders differ) are not checked: the
+    smoke plan is rerun into fresh folders, and the old ones are deleted (docs/reproduction.md)."""
     root = ROOT / "results" / "experiments" / "smoke"
     if not root.is_dir():
         pytest.skip("no stored smoke results")
-    checked, changed = 0, []
+    changed = []
     for job in plan_jobs(load_plan("smoke")):
         summary = root / job.folder / "summary.json"
-        if not summary.is_file():
-            continue  # an experiment added after the stored runs (it runs on the next make reproduce-tables)
-        checked += 1
-        if json.loads(summary.read_text())["config_digest"] != job.digest:
+        if summary.is_file() and json.loads(summary.read_text())["config_digest"] != job.digest:
             changed.append(job.folder)
-    assert checked > 100
     assert not changed, (f"{len(changed)} stored smoke run(s) no longer match their job's configuration (the "
                          f"next make reproduce-tables stops on them): restore the config, or rerun those runs "
                          f"into a fresh results folder and replace them:\n" + "\n".join(changed))

@@ -16,9 +16,9 @@ Trailing Hydra overrides (``device=cuda``, ``dtype=bfloat16``, ...) go to every 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Sequence
 
 from specbench.cli import user_errors
 from specbench.reproduce.plan import load_plan, run_plan, scales, select
@@ -73,6 +73,16 @@ def walltime_section(plan, jobs, names: list[str]) -> str:
                                                                                             stored)
 
 
+def warn_if_dirty() -> None:
+    """Say before running that the runs will be stamped as measured from uncommitted code (the tables warn)."""
+    from specbench.environment import git_state
+
+    if git_state()["git_dirty"]:
+        print("[reproduce] WARNING: the checkout has uncommitted changes to tracked files: every run records "
+              "git_dirty=true and the tables and figures will warn; commit first for results a reader can trust",
+              flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the chosen action; exit 2 with a one-line message on a user error."""
     args = _parser().parse_args(argv)
@@ -86,6 +96,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.action in ("all", "run"):
             from specbench.reproduce.parts import train_needed
 
+            warn_if_dirty()
             seconds = {**train_needed(plan, args.only), **run_plan(plan, args.only, args.overrides)}
             print(f"[reproduce] {len(seconds)} step(s) in {sum(seconds.values()) / 60:.1f} min")
         if args.action in ("all", "build"):

@@ -1,4 +1,5 @@
-"""Build a scale's tables and figures from its stored runs, and an index that lists them with the stamp."""
+"""Build a scale's tables and figures from its stored runs, and an index that lists them with the stamp, the
+commits that measured them and a warning wherever runs of different commits (or a dirty tree) are compared."""
 
 from __future__ import annotations
 
@@ -6,38 +7,55 @@ import os
 from pathlib import Path
 
 from specbench.errors import UserError
-from specbench.reproduce.figures import build_figures
 from specbench.report import split_by
+from specbench.reproduce.figures import build_figures
 from specbench.reproduce.plan import Plan
-from specbench.reproduce.results import Results, read_measured, results_of, stamp
-from specbench.reproduce.tables import build_tables
+from specbench.reproduce.results import Results, commit_text, commit_warning, read_measured, results_of, stamp
+from specbench.reproduce.tables import Built, build_tables, paper_comparison
 
 
-def index_text(plan: Plan, results: Results, tables: dict[str, list[Path]], figures: dict[str, list[Path]]) -> str:
-    """Markdown index of what was built (links relative to the tables folder) and what was skipped."""
-    def link(path: Path) -> str:
-        return f"[{path.name}]({os.path.relpath(path, plan.tables_dir)})"
+def entry(name: str, built: Built, base: Path) -> list[str]:
+    """One index line (links relative to ``base``, the commits), and the item's warning on its own line."""
+    links = ", ".join(f"[{path.name}]({os.path.relpath(path, base)})" for path in built.paths)
+    lines = [f"- {name}: {links or 'no runs for it (skipped)'} ({built.commits})"]
+    return lines + ([f"  - **{built.warning}**"] if built.warning else [])
 
-    lines = [f"# Reproduction, scale `{plan.scale}`", "", f"Runs: {len(results.runs)} under `{plan.results_root.name}`; "
-             f"measured on: {stamp(results.runs)}", "", "## Tables", ""]
-    lines += [f"- {name}: " + ", ".join(link(path) for path in paths) for name, paths in tables.items()]
+
+def index_text(plan: Plan, results: Results, tables: dict[str, Built], figures: dict[str, Built]) -> str:
+    """Markdown index of what was built, by which commits, with the warnings first."""
+    runs = results.runs
+    warned = [name for name, built in {**tables, **figures}.items() if built.warning]
+    lines = [
+        f"# Reproduction, scale `{plan.scale}`",
+        "",
+        f"Runs: {len(runs)} under `{plan.results_root.name}`; measured on: {stamp(runs)}; {commit_text(runs)}.",
+        "",
+    ]
+    if commit_warning(runs):
+        lines += [f"> **{commit_warning(runs)}**. Tables and figures that compare such runs: {', '.join(warned)}.", ""]
+    lines += ["## Tables", ""]
+    lines += [line for name, built in tables.items() for line in entry(name, built, plan.tables_dir)]
     lines += ["", "## Figures", ""]
-    lines += [f"- {name}: " + (", ".join(link(path) for path in paths) if paths else "no runs for it (skipped)")
-              for name, paths in figures.items()]
+    lines += [line for name, built in figures.items() for line in entry(name, built, plan.tables_dir)]
     return "\n".join(lines) + "\n"
 
 
 def build(plan: Plan) -> None:
-    """Write every table and figure of the plan from the runs under its results root."""
+    """Write every table and figure of the plan from the runs under its results root (no model is loaded)."""
     if not plan.results_root.is_dir():
-        raise UserError(f"no results under {plan.results_root}; run `python -m specbench.reproduce run "
-                        f"--scale {plan.scale}` first (or `make reproduce-tables SCALE={plan.scale}`)")
+        raise UserError(
+            f"no results under {plan.results_root}; run `python -m specbench.reproduce run "
+            f"--scale {plan.scale}` first (or `make reproduce-tables SCALE={plan.scale}`)"
+        )
     runs = read_measured(plan.results_root)  # read once, then viewed whole and split by MT-Bench category
     results, by_category = results_of(runs), results_of(split_by(runs, "category"))
-    tables = build_tables(results, by_category, plan.tables_dir, plan.scale, plan.stand_in_model)
-    figures = build_figures(results, by_category, plan.profile_root, plan.figures_dir)
+    compared = paper_comparison(results, by_category, plan.stand_in_model)
+    tables = build_tables(compared, results, plan.tables_dir, plan.scale, plan.stand_in_model)
+    figures = build_figures(results, by_category, plan.profile_root, plan.figures_dir, compared)
     index = plan.tables_dir / "README.md"
     index.write_text(index_text(plan, results, tables, figures))
-    print(f"[reproduce] {len(tables)} tables in {plan.tables_dir}, "
-          f"{sum(bool(paths) for paths in figures.values())}/{len(figures)} figures in {plan.figures_dir}; "
-          f"index: {index}")
+    print(
+        f"[reproduce] {len(tables)} tables in {plan.tables_dir}, "
+        f"{sum(bool(built.paths) for built in figures.values())}/{len(figures)} figures in {plan.figures_dir}; "
+        f"index: {index}"
+    )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import warnings
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -19,11 +19,23 @@ from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf
 
 from specbench.config import compose_config
+from specbench.report import (
+    Run,
+    find_run_dirs,
+    match_ar,
+    paired_samples,
+    read_run,
+    runs_frame,
+    samples_frame,
+    speedup_statistics,
+    split_by,
+)
 from specbench.runner import without_locations
-from specbench.report import (Run, find_run_dirs, match_ar, paired_samples, read_run, runs_frame,
-                              samples_frame, speedup_statistics, split_by)
 
-STAMP_FIELDS = ("device_name", "cpu", "torch", "transformers", "dtype", "git_commit")
+STAMP_FIELDS = ("device_name", "cpu", "torch", "transformers", "dtype")
+COMMIT_FIELDS = ("git_commit", "git_dirty")
+"""The code that measured a run (``environment`` of its summary): tables and figures name it and warn on a mix."""
+SHORT_COMMIT = 7
 
 
 @dataclass(frozen=True)
@@ -43,7 +55,7 @@ def flatten(node, prefix: str = "") -> dict:
     return {prefix[:-1]: tuple(node) if isinstance(node, list) else node}
 
 
-@lru_cache(maxsize=None)
+@cache
 def default_knobs(method: str, model: str, temperature: float, top_p: float) -> dict:
     """The flattened resolved method node of ``method`` at its defaults; {} when no config of that name exists."""
     try:
@@ -85,7 +97,7 @@ def _extra_columns(run_dir: Path) -> dict:
             "setting": setting_text(knobs), **{f"hp.{key[len('method.'):]}": v for key, v in knobs.items()},
             "peak_memory_gib": memory["bytes"] / 2**30 if memory else np.nan,
             "peak_memory_kind": memory.get("kind"),
-            **{f"env.{field}": environment.get(field) for field in STAMP_FIELDS}}
+            **{f"env.{field}": environment.get(field) for field in (*STAMP_FIELDS, *COMMIT_FIELDS)}}
 
 
 def _extras_frame(run_dirs: pd.Series) -> pd.DataFrame:
@@ -145,6 +157,34 @@ def stamp(runs: pd.DataFrame) -> str:
     distinct = runs[columns].drop_duplicates().fillna("?")
     return " | ".join(", ".join(f"{field}={row[f'env.{field}']}" for field in STAMP_FIELDS)
                       for _, row in distinct.iterrows())
+
+
+def commit_counts(runs: pd.DataFrame) -> pd.Series:
+    """Runs per measuring commit (short hash, ``+dirty`` when the tree had uncommitted changes), most runs first."""
+    commits = runs["env.git_commit"].fillna("unknown").astype(str).str[:SHORT_COMMIT]
+    dirty = runs["env.git_dirty"].eq(True).to_numpy()
+    labels = commits.where(~dirty, commits + "+dirty")
+    return labels.value_counts().sort_index(kind="stable").sort_values(ascending=False, kind="stable")
+
+
+def commit_text(runs: pd.DataFrame) -> str:
+    """``measured by commit 7b9bda1 (30 runs)`` (every commit of the runs, with its run count)."""
+    counts = commit_counts(runs)
+    listed = ", ".join(f"{commit} ({count} run{'s' if count != 1 else ''})" for commit, count in counts.items())
+    return f"measured by commit{'s' if len(counts) > 1 else ''} {listed}"
+
+
+def commit_warning(runs: pd.DataFrame) -> str | None:
+    """A warning when the runs were measured by different commits or from a dirty tree (None when not)."""
+    counts = commit_counts(runs)
+    problems = []
+    if len(counts) > 1:
+        problems.append(f"compares runs of {len(counts)} different commits")
+    if any(commit.endswith("+dirty") for commit in counts.index):
+        problems.append("includes runs measured from a tree with uncommitted changes")
+    if any(commit.startswith("unknown") for commit in counts.index):
+        problems.append("includes runs that recorded no commit")
+    return f"WARNING: {' and '.join(problems)} ({commit_text(runs)})" if problems else None
 
 
 def knob(runs: pd.DataFrame, key: str) -> pd.Series:

@@ -1,0 +1,101 @@
+"""Train the parts a plan still needs (distilled drafts, Medusa and EAGLE heads), and only those.
+
+A job needs a part when its method reads the model's part node (``${oc.select:model.draft,null}`` and
+the like in the method config) and that node says the part is ours to train (``PARTS``: a distilled
+draft without an explicit ``path``, heads with ``source: trained``). Only jobs that are still pending
+count: a job whose run folder holds a complete run of its configuration with at least its samples is
+done. A part whose folder holds a finished ``manifest.json`` (``specbench.manifest``) is trained
+already. So a fully stored plan trains nothing and loads no model; a plan with pending Medusa jobs
+trains the Medusa heads once (``python -m specbench.train medusa model=<model>``) before it runs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from specbench.manifest import read_manifest
+from specbench.models import eagle_heads, medusa_heads
+from specbench.paths import distilled_draft_dir
+from specbench.reproduce.coverage import Job, job_config, plan_jobs
+from specbench.reproduce.plan import Plan, run_child, select
+
+PARTS = {
+    "draft": ("distilled", distilled_draft_dir),
+    "medusa": ("trained", medusa_heads.trained_dir),
+    "eagle": ("trained", eagle_heads.trained_dir),
+}
+"""Model node (= the ``python -m specbench.train`` subcommand) -> (the ``source`` that means "trained here", where
+the trainer writes the part of a model)."""
+
+
+@dataclass(frozen=True, order=True)
+class Part:
+    """One trained part of one model: the model node (draft, medusa, eagle) and the model config."""
+
+    node: str
+    model: str
+
+    @property
+    def folder(self) -> Path:
+        """Where ``python -m specbench.train <node> model=<model>`` writes it."""
+        return PARTS[self.node][1](self.model)
+
+    @property
+    def command(self) -> list[str]:
+        """The command line that trains it."""
+        return [sys.executable, "-m", "specbench.train", self.node, f"model={self.model}"]
+
+
+def is_done(job: Job, root: Path) -> bool:
+    """Whether ``root`` holds the job's run complete: same configuration digest, at least the job's samples."""
+    path = Path(root) / job.folder / "summary.json"
+    if not path.is_file():
+        return False
+    summary = json.loads(path.read_text())
+    limit = summary.get("limit")
+    enough = limit is None or (job.limit is not None and limit >= job.limit)
+    return summary.get("status") == "complete" and summary.get("config_digest") == job.digest and enough
+
+
+def parts_of(job: Job) -> set[Part]:
+    """The trained parts a job's method reads (its method node interpolates ``model.<node>``)."""
+    cfg = job_config(list(job.overrides))
+    method = OmegaConf.to_yaml(cfg.method)  # unresolved: the interpolations show which model nodes it reads
+    parts = set()
+    for node, (source, _) in PARTS.items():
+        part = OmegaConf.select(cfg, f"model.{node}")
+        if f"model.{node}" in method and part is not None and part.get("source") == source and not part.get("path"):
+            parts.add(Part(node, cfg.model.name))
+    return parts
+
+
+def is_trained(part: Part) -> bool:
+    """Whether the part's folder holds a finished manifest (training ended and every file was written)."""
+    manifest = read_manifest(part.folder)
+    return bool(manifest and manifest.get("finished"))
+
+
+def needed_parts(jobs: list[Job], root: Path) -> dict[Part, int]:
+    """The untrained parts the pending jobs need, with how many pending jobs need each."""
+    counts: dict[Part, int] = {}
+    for job in jobs:
+        if not is_done(job, root):
+            for part in parts_of(job):
+                counts[part] = counts.get(part, 0) + 1
+    return {part: counts[part] for part in sorted(counts) if not is_trained(part)}
+
+
+def train_needed(plan: Plan, only: list[str] | None = None) -> dict[str, float]:
+    """Train every part the plan's pending jobs need and nobody trained yet; seconds per part trained."""
+    needed = needed_parts(plan_jobs(plan, select(plan, only)), plan.results_root)
+    if not needed:
+        print("[reproduce] no pending job needs an untrained draft or heads: nothing to train")
+    return {
+        f"train {part.node}": run_child(part.command, f"train {part.node} ({count} pending job(s) need it)")
+        for part, count in needed.items()
+    }

@@ -74,21 +74,38 @@ def diagnose(run_dirs: list[Path], max_samples: int, gap_limit: float) -> pd.Dat
         dataset = build_dataset(cfg.dataset, cfg.data_dir)
         for row in group.head(max_samples).itertuples():
             prompt = turn_prompt(dataset, lm.tokenizer, samples, run_dir, row.sample_id, row.turn)
-            own = samples[(samples["run_dir"] == run_dir) & (samples["sample_id"] == row.sample_id)
-                          & (samples["turn"] == row.turn)]["output_ids"].iloc[0]
-            ar = samples[(samples["run_dir"] == row.ar_run_dir) & (samples["sample_id"] == row.sample_id)
-                         & (samples["turn"] == row.turn)]["output_ids"].iloc[0]
+            own = samples[
+                (samples["run_dir"] == run_dir)
+                & (samples["sample_id"] == row.sample_id)
+                & (samples["turn"] == row.turn)
+            ]["output_ids"].iloc[0]
+            ar = samples[
+                (samples["run_dir"] == row.ar_run_dir)
+                & (samples["sample_id"] == row.sample_id)
+                & (samples["turn"] == row.turn)
+            ]["output_ids"].iloc[0]
             k = row.first_divergence
-            gap = (logit_gap(lm.model, prompt, ar[:k], ar[k], own[k])
-                   if k < min(len(own), len(ar)) else None)
+            gap = logit_gap(lm.model, prompt, ar[:k], ar[k], own[k]) if k < min(len(own), len(ar)) else None
             agree64 = rerun(cfg, lm64, prompt, row.sample_id, cfg.method) == rerun(
-                cfg, lm64, prompt, row.sample_id, ar_cfg.method)
+                cfg, lm64, prompt, row.sample_id, ar_cfg.method
+            )
             numeric = agree64 and gap is not None and abs(gap) < gap_limit
-            rows.append({"run": Path(run_dir).name, "method": cfg.method.name, "sample_id": row.sample_id,
-                         "turn": row.turn, "first_divergence": k, "logit_gap": gap,
-                         "float64_agrees": agree64, "verdict": "numeric" if numeric else "BUG"})
-    return pd.DataFrame(rows, columns=["run", "method", "sample_id", "turn", "first_divergence",
-                                       "logit_gap", "float64_agrees", "verdict"])
+            rows.append(
+                {
+                    "run": Path(run_dir).name,
+                    "method": cfg.method.name,
+                    "sample_id": row.sample_id,
+                    "turn": row.turn,
+                    "first_divergence": k,
+                    "logit_gap": gap,
+                    "float64_agrees": agree64,
+                    "verdict": "numeric" if numeric else "BUG",
+                }
+            )
+    return pd.DataFrame(
+        rows,
+        columns=["run", "method", "sample_id", "turn", "first_divergence", "logit_gap", "float64_agrees", "verdict"],
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

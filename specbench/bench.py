@@ -68,7 +68,10 @@ def load_suite(name: str) -> DictConfig:
     path = SUITES_DIR / f"{name}.yaml"
     if not path.is_file():
         raise ConfigError(f"unknown benchmark suite {name!r}; choose one of {suite_names()}")
-    return OmegaConf.load(path)
+    suite = OmegaConf.load(path)
+    if not isinstance(suite, DictConfig):
+        raise ConfigError(f"benchmark suite {path} must be a mapping (suite settings and entries), not a list")
+    return suite
 
 
 def expand_entries(suite: DictConfig) -> list[Entry]:
@@ -227,6 +230,7 @@ def run(args: argparse.Namespace) -> Path:
             samples = len(next(iter(runners.values())).samples)
             bar = tqdm(total=rounds * samples * len(entries), desc="bench", unit="gen", file=sys.stderr)
         run_round(runners, bar, round_index)
+    assert bar is not None  # rounds >= 1: the first round made it
     bar.close()
     environment = capture(device, dtype)
     print(

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import NoReturn
 
-from specbench.config import CONF_DIR, composition_problem, compose_config, group_options
+from specbench.config import CONF_DIR, compose_config, composition_problem, group_options
 from specbench.errors import ConfigError, UserError
 
 EXIT_USER_ERROR = 2
@@ -104,6 +104,7 @@ def first_job(overrides: Sequence[str]) -> list[str]:
     first = []
     for override in parsed:
         if not override.is_sweep_override():
+            assert override.input_line is not None  # the parser keeps every override's text
             first.append(override.input_line)
             continue
         try:

@@ -58,8 +58,7 @@ def composition_problem(error: Exception) -> str:
         return f"cannot parse the override: {str(error).splitlines()[0]}"
     if isinstance(error.__cause__, (ConfigAttributeError, ConfigKeyError)):
         key = str(error).split("'")[1] if "'" in str(error) else "?"
-        return (f"unknown setting {key!r}: no such key in the config (check the spelling; "
-                f"`+{key}=...` adds a new key)")
+        return f"unknown setting {key!r}: no such key in the config (check the spelling; `+{key}=...` adds a new key)"
     return " ".join(str(error).split())
 
 

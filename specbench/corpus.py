@@ -79,9 +79,14 @@ class CorpusSpec:
         settings = check_settings(**{name: cfg.get(name) for name in SETTINGS})
         return cls(source, files, {field: hub.get(field) for field in HUB_FIELDS}, max_tokens, settings)
 
+    def files_path(self) -> Path:
+        """``files`` with ``~`` expanded (a files source always has it: ``from_cfg`` checks)."""
+        assert self.files is not None, "a Hub corpus source has no files"
+        return Path(self.files).expanduser()
+
     def file_paths(self) -> list[Path]:
         """The .txt files of ``files`` (a folder, searched recursively; one file; or a glob), sorted."""
-        pattern = str(Path(self.files).expanduser())
+        pattern = str(self.files_path())
         if Path(pattern).is_dir():
             paths = sorted(Path(pattern).rglob("*.txt"))
         else:
@@ -114,7 +119,7 @@ class CorpusSpec:
     def location(self) -> str:
         """Where the text comes from, for people (a path or a Hub dataset id)."""
         if self.source == "files":
-            return str(Path(self.files).expanduser().resolve())
+            return str(self.files_path().resolve())
         name = f" ({self.hub['name']})" if self.hub["name"] else ""
         return f"hub:{self.hub['path']}{name} split={self.hub['split']} field={self.hub['text_field']}"
 
@@ -123,7 +128,7 @@ class CorpusSpec:
         if self.source == "hub":
             raw = self.hub["name"] or self.hub["path"]
         else:
-            path = Path(self.files).expanduser()
+            path = self.files_path()
             while glob.has_magic(str(path)):
                 path = path.parent
             raw = path.stem

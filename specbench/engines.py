@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import copy
 import time
+from typing import Any
 
 import torch
+from omegaconf import DictConfig
 from transformers import GenerationConfig
 
 from specbench.config import instantiate_checked
@@ -91,7 +93,7 @@ class HFGenerate:
         )
 
 
-def hf_assistant(assistant_cfg, lm: LoadedModel) -> tuple[dict, str]:
+def hf_assistant(assistant_cfg: DictConfig, lm: LoadedModel) -> tuple[dict[str, Any], str]:
     """generate() arguments for HF assisted generation with ``method.assistant.draft`` as the assistant, and
     the draft's part name.
 
@@ -99,19 +101,19 @@ def hf_assistant(assistant_cfg, lm: LoadedModel) -> tuple[dict, str]:
     ``method.assistant`` keys are set there. A draft with another vocabulary size goes with both
     tokenizers (HF refuses it otherwise).
     """
-    settings = {key: value for key, value in assistant_cfg.items() if key != "draft"}
+    settings = {str(key): value for key, value in assistant_cfg.items() if key != "draft"}
     draft = load_draft(assistant_cfg.get("draft"), lm.name, lm.model, lm.tokenizer)
     model = copy.deepcopy(draft.model) if draft.model is lm.model else draft.model  # own forwards, own hook count
     unknown = model.generation_config.update(**settings)
     if unknown:
         raise ConfigError(f"method.assistant keys {sorted(unknown)} are not generation-config fields")
-    kwargs = {"assistant_model": model}
+    kwargs: dict[str, Any] = {"assistant_model": model}
     if vocab_width(model) != vocab_width(lm.model):
         kwargs.update(tokenizer=lm.tokenizer, assistant_tokenizer=draft.tokenizer)
     return kwargs, draft.part
 
 
-def check_method(method_cfg) -> Drafter | None:
+def check_method(method_cfg: DictConfig) -> Drafter | None:
     """Catch a bad method setting before any model loads: the engine, the acceptance rule, and the
     drafter's knobs (its constructor validates them); returns the drafter (not yet set up), if any."""
     if method_cfg.engine not in ENGINES:
@@ -122,7 +124,9 @@ def check_method(method_cfg) -> Drafter | None:
     return instantiate_checked(method_cfg.drafter)
 
 
-def build_engine(method_cfg, lm: LoadedModel, sampling: Sampling, step_breakdown: bool | str = "auto") -> Engine:
+def build_engine(
+    method_cfg: DictConfig, lm: LoadedModel, sampling: Sampling, step_breakdown: bool | str = "auto"
+) -> Engine:
     """The object whose ``generate(prompt_ids, max_new_tokens, generator)`` the runner times.
 
     ``step_breakdown`` switches the loop's per-phase timing (see ``specbench.core.loop``).

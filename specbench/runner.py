@@ -206,6 +206,7 @@ class Runner:
         NOTE: the warm-up runs on its own engine, so drafters that learn across requests (tries,
         context caches) start the timed run without the warm-up's output in their memory.
         """
+        assert self.lm is not None  # given, or loaded by open()
         if first is not None and self.cfg.warmup:
             engine = build_engine(self.cfg.method, self.lm, self.sampling, self.cfg.step_breakdown)
             prompt_ids = self._prompt(first, [])
@@ -264,12 +265,14 @@ class Runner:
 
     def _prompt(self, sample: Sample, answers: list[str]) -> list[int]:
         """Prompt ids for the next turn of ``sample`` given the model's earlier answers."""
+        assert self.lm is not None  # given, or loaded by open()
         prompt_ids = self.dataset.prompt_ids(self.lm.tokenizer, sample, answers)
         check_fits(sample, prompt_ids, self.cfg.max_new_tokens, self.lm.context_length)
         return prompt_ids
 
     def _run_sample(self, sample: Sample) -> list[dict]:
         """All turns of one sample; each later turn sees the model's own earlier answers."""
+        assert self.lm is not None  # given, or loaded by open()
         generator = sample_generator(self.cfg.seed, sample.sample_id)
         answers: list[str] = []
         records = []
@@ -277,12 +280,14 @@ class Runner:
             prompt_ids = self._prompt(sample, answers)
             gen, wall = self._timed_generate(prompt_ids, generator)
             text = self.lm.tokenizer.decode(gen.output_ids, skip_special_tokens=True)
+            assert isinstance(text, str)  # one sequence of ids decodes to one string
             answers.append(text)
             records.append(self._record(sample, turn, prompt_ids, gen, wall, text))
         return records
 
     def _timed_generate(self, prompt_ids: list[int], generator: torch.Generator) -> tuple[Generation, float]:
         """One generation timed end to end with device synchronization on both sides."""
+        assert self.engine is not None  # built by start_engine
         with torch.inference_mode():
             synchronize(self.device)
             start = time.perf_counter()
@@ -294,6 +299,7 @@ class Runner:
         self, sample: Sample, turn: int, prompt_ids: list[int], gen: Generation, wall: float, text: str
     ) -> dict:
         """One samples.jsonl line (fields documented in specbench.schema)."""
+        assert self.engine is not None  # built by start_engine
         return {
             "schema": SCHEMA_VERSION,
             "run_id": self.run_id,

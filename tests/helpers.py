@@ -21,14 +21,15 @@ def exact_joint(model, prompt: list[int], length: int, sampling: Sampling) -> di
     joint = {}
     with torch.inference_mode():
         for tokens in product(range(vocab), repeat=length):
-            logits = model(torch.tensor([prompt + list(tokens[:-1])])).logits[0, len(prompt) - 1:]  # [length, vocab]
+            logits = model(torch.tensor([prompt + list(tokens[:-1])])).logits[0, len(prompt) - 1 :]  # [length, vocab]
             probs = target_probs(logits.float(), sampling)
             joint[tokens] = float(torch.prod(probs[torch.arange(length), torch.tensor(tokens)]))
     return joint
 
 
-def sampled_outputs(decoder, prompt: list[int], max_new_tokens: int, generator: torch.Generator, trials: int,
-                    keep: int | None = None) -> Counter:
+def sampled_outputs(
+    decoder, prompt: list[int], max_new_tokens: int, generator: torch.Generator, trials: int, keep: int | None = None
+) -> Counter:
     """How often each output (its first ``keep`` tokens) comes out of ``trials`` seeded generations."""
     counts: Counter = Counter()
     with torch.inference_mode():

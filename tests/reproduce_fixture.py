@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -27,17 +27,29 @@ from specbench.reproduce.plan import experiment_names, load_plan, sweep_jobs
 from specbench.schema import SCHEMA_VERSION, SUMMARY_VERSION
 
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
-DEFAULT_SAMPLES = 2           # samples of a run whose limit is null (all) or above MAX_SAMPLES
+DEFAULT_SAMPLES = 2  # samples of a run whose limit is null (all) or above MAX_SAMPLES
 MAX_SAMPLES = 8
 VOCAB_SIZE = 49152
-AR_STEP_S = 0.04              # one AR step of the fixture's CPU
+AR_STEP_S = 0.04  # one AR step of the fixture's CPU
 PREFILL_S = 0.1
 DEVICE_NAME = "cpu: fixture"
-ENVIRONMENT = {"device": "cpu", "device_name": DEVICE_NAME, "cpu": "fixture", "cpu_count": 2, "torch_threads": 2,
-               "dtype": "float32", "python": "3.11", "platform": "fixture", "torch": "0.0+fixture", "cuda": None,
-               "transformers": "0.0+fixture", "git_commit": "0" * 40, "git_dirty": False}
+ENVIRONMENT = {
+    "device": "cpu",
+    "device_name": DEVICE_NAME,
+    "cpu": "fixture",
+    "cpu_count": 2,
+    "torch_threads": 2,
+    "dtype": "float32",
+    "python": "3.11",
+    "platform": "fixture",
+    "torch": "0.0+fixture",
+    "cuda": None,
+    "transformers": "0.0+fixture",
+    "git_commit": "0" * 40,
+    "git_dirty": False,
+}
 PROFILE_CONTEXTS = (64, 256, 1024)
-PROFILE_TOKENS = tuple(2 ** k for k in range(10))   # 1 .. 512
+PROFILE_TOKENS = tuple(2**k for k in range(10))  # 1 .. 512
 
 
 def rng_for(seed: int, *parts) -> np.random.Generator:
@@ -46,7 +58,7 @@ def rng_for(seed: int, *parts) -> np.random.Generator:
     return np.random.default_rng(int.from_bytes(digest[:8], "little"))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _composed(groups: tuple[str, ...]) -> DictConfig:
     """The composed config (hydra node kept) of the group-selecting overrides of a job, cached."""
     return compose_config(*groups, hydra_node=True)
@@ -103,13 +115,24 @@ def accept_lengths(rng: np.random.Generator, tokens: int, tokens_per_step: float
 def opt_tree_stats(rng: np.random.Generator, accepted: list[int]) -> dict:
     """OPT-Tree's drafter stats: per-step E (near the accepted count) and accepted drafted tokens."""
     expected = [round(max(0.0, a + float(rng.normal(0.3, 0.7))), 3) for a in accepted]
-    return {"tree_depth_mean": float(np.mean(accepted) + 1) if accepted else 0.0,
-            "expected_accept_mean": float(np.mean(expected)) if expected else 0.0,
-            "step_expected_accept": expected, "step_accepted": accepted}
+    return {
+        "tree_depth_mean": float(np.mean(accepted) + 1) if accepted else 0.0,
+        "expected_accept_mean": float(np.mean(expected)) if expected else 0.0,
+        "step_expected_accept": expected,
+        "step_accepted": accepted,
+    }
 
 
-def turn_record(rng: np.random.Generator, seed: int, cfg: DictConfig, run_id: str, pace: dict,
-                sample: tuple[str, int, str | None], turn: int, prompt_tokens: int) -> dict:
+def turn_record(
+    rng: np.random.Generator,
+    seed: int,
+    cfg: DictConfig,
+    run_id: str,
+    pace: dict,
+    sample: tuple[str, int, str | None],
+    turn: int,
+    prompt_tokens: int,
+) -> dict:
     """One samples.jsonl line of one turn at the run's ``pace`` (tokens per step, overhead, drafted nodes)."""
     sample_id, n_turns, category = sample
     output = reference_output(seed, cfg, sample_id, turn)
@@ -121,18 +144,35 @@ def turn_record(rng: np.random.Generator, seed: int, cfg: DictConfig, run_id: st
     step_s = [round(AR_STEP_S * pace["overhead"] * float(rng.uniform(0.95, 1.05)), 6) for _ in lengths]
     verify_s = [round(s * float(rng.uniform(0.85, 0.97)), 6) for s in step_s]
     outside = [step - verify for step, verify in zip(step_s, verify_s)]
-    phases = {f"{phase}_s": [round(share * o, 6) for o in outside]  # the step breakdown (CPU default)
-              for phase, share in (("draft", 0.5), ("accept", 0.3), ("update", 0.2))}
+    phases = {
+        f"{phase}_s": [round(share * o, 6) for o in outside]  # the step breakdown (CPU default)
+        for phase, share in (("draft", 0.5), ("accept", 0.3), ("update", 0.2))
+    }
     stats = opt_tree_stats(rng, [a - 1 for a in lengths]) if cfg.method.name == "opt_tree" else {}
-    return {"schema": SCHEMA_VERSION, "run_id": run_id, "sample_id": sample_id, "turn": turn, "n_turns": n_turns,
-            "category": category, "fine_category": None, "prompt_tokens": prompt_tokens,
-            "prompt_sha": prompt_digest(cfg, sample_id, turn),
-            "new_tokens": len(output), "output_ids": output,
-            "output_text": " ".join(f"t{token}" for token in output), "wall_s": PREFILL_S + sum(step_s),
-            "prefill_s": PREFILL_S, "target_forwards": len(lengths), "accept_lengths": lengths,
-            "draft_tokens": drafted, "step_s": step_s, "verify_s": verify_s, **phases,
-            "stop_reason": "max_new_tokens" if len(output) == cfg.max_new_tokens else "eos",
-            "drafter_stats": stats}
+    return {
+        "schema": SCHEMA_VERSION,
+        "run_id": run_id,
+        "sample_id": sample_id,
+        "turn": turn,
+        "n_turns": n_turns,
+        "category": category,
+        "fine_category": None,
+        "prompt_tokens": prompt_tokens,
+        "prompt_sha": prompt_digest(cfg, sample_id, turn),
+        "new_tokens": len(output),
+        "output_ids": output,
+        "output_text": " ".join(f"t{token}" for token in output),
+        "wall_s": PREFILL_S + sum(step_s),
+        "prefill_s": PREFILL_S,
+        "target_forwards": len(lengths),
+        "accept_lengths": lengths,
+        "draft_tokens": drafted,
+        "step_s": step_s,
+        "verify_s": verify_s,
+        **phases,
+        "stop_reason": "max_new_tokens" if len(output) == cfg.max_new_tokens else "eos",
+        "drafter_stats": stats,
+    }
 
 
 def prompt_digest(cfg: DictConfig, sample_id: str, turn: int) -> str:
@@ -144,9 +184,11 @@ def run_records(seed: int, cfg: DictConfig, folder: Path, run_id: str) -> list[d
     """Every record of one run: each sample's turns, later turns prompted with the earlier answers."""
     rng = rng_for(seed, folder)
     ar = cfg.method.name == "ar"
-    pace = {"tokens_per_step": 1.0 if ar else float(rng.uniform(1.5, 3.0)),
-            "overhead": float(rng.uniform(0.98, 1.02)) if ar else float(rng.uniform(1.05, 1.6)),
-            "drafted": 0 if ar else int(rng.integers(3, 64))}
+    pace = {
+        "tokens_per_step": 1.0 if ar else float(rng.uniform(1.5, 3.0)),
+        "overhead": float(rng.uniform(0.98, 1.02)) if ar else float(rng.uniform(1.05, 1.6)),
+        "drafted": 0 if ar else int(rng.integers(3, 64)),
+    }
     records = []
     for sample in sample_keys(cfg.dataset.name, cfg.limit):
         prompt_tokens = int(rng.integers(40, 800))
@@ -161,19 +203,42 @@ def summary(cfg: DictConfig, folder: Path, run_id: str, records: list[dict], see
     method = OmegaConf.to_container(cfg.method, resolve=True)
     rng = rng_for(seed, folder, "memory")
     stamp = "2026-01-01T00:00:00+00:00"
-    return {"schema": SUMMARY_VERSION, "run_id": run_id, "status": "complete", "model": cfg.model.name,
-            "model_path": cfg.model.get("path"), "method": cfg.method.name, "dataset": cfg.dataset.name,
-            "dataset_info": {"source": "fixture", "variant": None, "n_total": 80, "n_selected": 80, "sampler": None,
-                             "sample_size": None, "sample_seed": None, "order": cfg.dataset.get("order")},
-            "prompt_format": "chat", "lossless": bool(cfg.method.lossless), "hyperparameters": method,
-            "sampling": {"temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed},
-            "repeat": cfg.repeat, "experiment": cfg.get("experiment"), "max_new_tokens": cfg.max_new_tokens,
-            "limit": cfg.limit, "n_samples": len({record["sample_id"] for record in records}),
-            "warmup": cfg.warmup, "started_at": stamp, "updated_at": stamp, "ended_at": stamp,
-            "metrics": aggregate(records),
-            "peak_memory": {"kind": "process_peak_rss", "bytes": int(2**30 * rng.uniform(1.0, 1.1))},
-            "environment": ENVIRONMENT,
-            "config_digest": digest_of(method, cfg)}
+    return {
+        "schema": SUMMARY_VERSION,
+        "run_id": run_id,
+        "status": "complete",
+        "model": cfg.model.name,
+        "model_path": cfg.model.get("path"),
+        "method": cfg.method.name,
+        "dataset": cfg.dataset.name,
+        "dataset_info": {
+            "source": "fixture",
+            "variant": None,
+            "n_total": 80,
+            "n_selected": 80,
+            "sampler": None,
+            "sample_size": None,
+            "sample_seed": None,
+            "order": cfg.dataset.get("order"),
+        },
+        "prompt_format": "chat",
+        "lossless": bool(cfg.method.lossless),
+        "hyperparameters": method,
+        "sampling": {"temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed},
+        "repeat": cfg.repeat,
+        "experiment": cfg.get("experiment"),
+        "max_new_tokens": cfg.max_new_tokens,
+        "limit": cfg.limit,
+        "n_samples": len({record["sample_id"] for record in records}),
+        "warmup": cfg.warmup,
+        "started_at": stamp,
+        "updated_at": stamp,
+        "ended_at": stamp,
+        "metrics": aggregate(records),
+        "peak_memory": {"kind": "process_peak_rss", "bytes": int(2**30 * rng.uniform(1.0, 1.1))},
+        "environment": ENVIRONMENT,
+        "config_digest": digest_of(method, cfg),
+    }
 
 
 def digest_of(method: dict, cfg: DictConfig) -> str:
@@ -189,13 +254,30 @@ def profile_rows(model: str) -> list[dict]:
         for tokens in PROFILE_TOKENS:
             for mask in MASKS:
                 median = (20 + context / 64) * (1 + max(0, tokens - 16) / 32) * (1.05 if mask == "tree" else 1.0)
-                rows.append(dict(zip(CSV_FIELDS, [model, DEVICE_NAME, "float32", context, tokens, mask,
-                                                  round(median, 3), round(0.95 * median, 3), 3])))
+                rows.append(
+                    dict(
+                        zip(
+                            CSV_FIELDS,
+                            [
+                                model,
+                                DEVICE_NAME,
+                                "float32",
+                                context,
+                                tokens,
+                                mask,
+                                round(median, 3),
+                                round(0.95 * median, 3),
+                                3,
+                            ],
+                        )
+                    )
+                )
     return rows
 
 
-def write_fixture_results(root: Path, scale: str = "smoke", experiments: list[str] | None = None,
-                          seed: int = 0) -> Path:
+def write_fixture_results(
+    root: Path, scale: str = "smoke", experiments: list[str] | None = None, seed: int = 0
+) -> Path:
     """Write one synthetic run per job of the scale's experiments (shared run folders once) and the
     latency profiles under ``root``; return ``root``."""
     root = Path(root)

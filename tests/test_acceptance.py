@@ -62,6 +62,7 @@ def test_acceptance_rule_binds_kwargs_and_rejects_unknown_ones():
     """method.acceptance / acceptance_kwargs resolve to a callable or a one-line ConfigError."""
     from specbench.core.rules import acceptance_rule
     from specbench.errors import ConfigError
+
     assert acceptance_rule("match") is accept_match
     with pytest.raises(ConfigError, match="must be one of"):
         acceptance_rule("nope")

@@ -23,7 +23,10 @@ DRAFTERS = {
 }
 
 
-def decode(model, drafter, prompt, max_new_tokens, eos_ids=frozenset(), sampling=Sampling(), generator=None):
+GREEDY = Sampling()
+
+
+def decode(model, drafter, prompt, max_new_tokens, eos_ids=frozenset(), sampling=GREEDY, generator=None):
     with torch.inference_mode():
         return Decoder(model, drafter, eos_ids, sampling).generate(prompt, max_new_tokens, generator)
 
@@ -81,7 +84,7 @@ def test_eos_inside_an_accepted_draft_and_budget_cuts_on_tiny(tiny, name):
         assert index is not None
         eos = frozenset({full.output_ids[index]})
         gen = decode(tiny, DRAFTERS[name](), prompt, 40, eos)
-        assert gen.output_ids == full.output_ids[:index + 1] == ar_greedy(tiny, prompt, 40, eos).output_ids
+        assert gen.output_ids == full.output_ids[: index + 1] == ar_greedy(tiny, prompt, 40, eos).output_ids
         assert gen.stop_reason == "eos" and gen.accept_lengths[-1] > 1
     prompt = repetitive_prompt(1)
     truth = ar_greedy(tiny, prompt, 40).output_ids
@@ -98,8 +101,9 @@ def test_sampling_draws_the_same_tokens_as_ar(tiny, name):
     prompt = repetitive_prompt(2)
     for seed in range(3):
         ar = decode(tiny, NoDraft(), prompt, 40, sampling=sampling, generator=torch.Generator().manual_seed(seed))
-        gen = decode(tiny, DRAFTERS[name](), prompt, 40, sampling=sampling,
-                     generator=torch.Generator().manual_seed(seed))
+        gen = decode(
+            tiny, DRAFTERS[name](), prompt, 40, sampling=sampling, generator=torch.Generator().manual_seed(seed)
+        )
         assert gen.output_ids == ar.output_ids
 
 
@@ -116,10 +120,14 @@ def test_configs_instantiate_the_drafters():
 
 
 def test_bad_hyper_parameters_name_the_key():
-    for make, key in [(lambda: ANPD(draft_len=0), "draft_len"), (lambda: ANPD(max_ngram_size=1), "max_ngram_size"),
-                      (lambda: ANPD(on_miss="skip"), "on_miss"), (lambda: PromptLookup(num_pred_tokens=0), "num_pred"),
-                      (lambda: PromptLookup(max_ngram_size=0), "max_ngram_size"),
-                      (lambda: PromptLookup(occurrence="any"), "occurrence")]:
+    for make, key in [
+        (lambda: ANPD(draft_len=0), "draft_len"),
+        (lambda: ANPD(max_ngram_size=1), "max_ngram_size"),
+        (lambda: ANPD(on_miss="skip"), "on_miss"),
+        (lambda: PromptLookup(num_pred_tokens=0), "num_pred"),
+        (lambda: PromptLookup(max_ngram_size=0), "max_ngram_size"),
+        (lambda: PromptLookup(occurrence="any"), "occurrence"),
+    ]:
         with pytest.raises(ConfigError, match=key):
             make()
 
@@ -127,7 +135,7 @@ def test_bad_hyper_parameters_name_the_key():
 CODE_PROMPTS = [
     'def sum_of_squares(numbers: list) -> int:\n    """Return the sum of the squares of numbers.\n'
     '    >>> sum_of_squares([1, 2, 3])\n    14\n    """\n',
-    'from typing import List\n\n\ndef filter_by_prefix(strings: List[str], prefix: str) -> List[str]:\n'
+    "from typing import List\n\n\ndef filter_by_prefix(strings: List[str], prefix: str) -> List[str]:\n"
     '    """ Filter an input list of strings only for ones that start with a given prefix.\n'
     "    >>> filter_by_prefix([], 'a')\n    []\n    >>> filter_by_prefix(['abc', 'bcd', 'cde', 'array'], 'a')\n"
     "    ['abc', 'array']\n    \"\"\"\n",
@@ -152,5 +160,5 @@ def test_greedy_equals_ar_on_the_embedded_model(embedded):
     assert index is not None
     eos = frozenset({full.output_ids[index]})
     gen = decode(model, ANPD(), prompt, 48, eos)
-    assert gen.output_ids == full.output_ids[:index + 1] and gen.accept_lengths[-1] > 1
+    assert gen.output_ids == full.output_ids[: index + 1] and gen.accept_lengths[-1] > 1
     assert decode(model, PromptLookup(), prompt, 13).output_ids == full.output_ids[:13]

@@ -22,8 +22,13 @@ def test_smoke_suite_writes_ordinary_run_folders_and_prints_the_reports_table(tm
     folders = sorted(path.parent.relative_to(sessions[0]).as_posix() for path in sessions[0].rglob("summary.json"))
     assert folders == ["ar/r0", "ar_seed=1/r0", "ar_seed=2/r0", "hf_generate/r0"]
     summary = json.loads((sessions[0] / "ar_seed=2" / "r0" / "summary.json").read_text())
-    assert summary["bench"] == {"suite": "smoke", "session": sessions[0].name, "entry": "ar seed=2",
-                                "baseline": "ar", "index": 3}
+    assert summary["bench"] == {
+        "suite": "smoke",
+        "session": sessions[0].name,
+        "entry": "ar seed=2",
+        "baseline": "ar",
+        "index": 3,
+    }
     assert summary["status"] == "complete" and summary["sampling"]["seed"] == 2 and summary["n_samples"] == 2
     assert summary["environment"]["torch_threads"] >= 1
     rows = report.table([sessions[0]], repeats=True, view="steps").set_index("entry")
@@ -36,8 +41,22 @@ def test_smoke_suite_writes_ordinary_run_folders_and_prints_the_reports_table(tm
 
 def test_rounds_are_repeats_paired_round_by_round(tmp_path, shared_data):
     """--rounds 2: two repeats per entry; the report merges them into one row over 4 generations."""
-    assert bench.main(["smoke", "--rounds", "2", "--limit", "1", "--out", str(tmp_path), f"data_dir={shared_data}",
-                       "max_new_tokens=4"]) == 0
+    assert (
+        bench.main(
+            [
+                "smoke",
+                "--rounds",
+                "2",
+                "--limit",
+                "1",
+                "--out",
+                str(tmp_path),
+                f"data_dir={shared_data}",
+                "max_new_tokens=4",
+            ]
+        )
+        == 0
+    )
     session = next((tmp_path / "smoke").iterdir())
     assert sorted(p.name for p in (session / "ar").iterdir()) == ["r0", "r1"]
     runs, samples = report.load([session], repeats=True)
@@ -50,15 +69,33 @@ def test_rounds_are_repeats_paired_round_by_round(tmp_path, shared_data):
 
 def test_old_single_json_results_convert_to_run_folders(tmp_path):
     """A results file of the earlier format becomes a session of run folders the report reads alike."""
-    record = {"round": 0, "sample_id": "HumanEval/0", "new_tokens": 3, "wall_s": 0.3, "prefill_s": 0.1,
-              "target_forwards": 2, "draft_tokens": [0, 0], "step_s": [0.1, 0.1], "verify_s": [0.09, 0.09],
-              "output_ids": [5, 6, 7], "drafter_stats": {}}
+    record = {
+        "round": 0,
+        "sample_id": "HumanEval/0",
+        "new_tokens": 3,
+        "wall_s": 0.3,
+        "prefill_s": 0.1,
+        "target_forwards": 2,
+        "draft_tokens": [0, 0],
+        "step_s": [0.1, 0.1],
+        "verify_s": [0.09, 0.09],
+        "output_ids": [5, 6, 7],
+        "drafter_stats": {},
+    }
     entry = {"overrides": ["method=ar"], "method": {"name": "ar", "engine": "loop", "lossless": True}}
-    payload = {"suite": "toy", "model": "m", "dataset": "humaneval", "prompts": 1, "rounds": 1,
-               "max_new_tokens": 3, "temperature": 0.0, "environment": {"device_name": "cpu", "dtype": "float32"},
-               "rows": [{"label": "ar", "speedup": 1.0}, {"label": "ar seed=1", "speedup": 0.9}],
-               "entries": {"ar": entry, "ar seed=1": {**entry, "overrides": ["method=ar", "seed=1"]}},
-               "records": {"ar": [record], "ar seed=1": [{**record, "wall_s": 0.6}]}}
+    payload = {
+        "suite": "toy",
+        "model": "m",
+        "dataset": "humaneval",
+        "prompts": 1,
+        "rounds": 1,
+        "max_new_tokens": 3,
+        "temperature": 0.0,
+        "environment": {"device_name": "cpu", "dtype": "float32"},
+        "rows": [{"label": "ar", "speedup": 1.0}, {"label": "ar seed=1", "speedup": 0.9}],
+        "entries": {"ar": entry, "ar seed=1": {**entry, "overrides": ["method=ar", "seed=1"]}},
+        "records": {"ar": [record], "ar seed=1": [{**record, "wall_s": 0.6}]},
+    }
     old = tmp_path / "m_cpu_float32_20261121T144653Z.json"
     old.write_text(json.dumps(payload))
     assert bench.main(["--convert", str(old), "--out", str(tmp_path / "out")]) == 0
@@ -80,8 +117,16 @@ def test_grid_labels_must_be_distinct_and_model_fixed():
     suite = OmegaConf.create({"entries": [{"label": "x", "overrides": ["method=ar"], "grid": {"seed": [1, 2]}}]})
     with pytest.raises(ConfigError, match="duplicate entry labels"):
         bench.expand_entries(suite)
-    suite = OmegaConf.create({"model": "tiny_llama", "dataset": "humaneval", "entries": [
-        {"label": "a", "overrides": ["method=ar"]}, {"label": "b", "overrides": ["model=smollm2_135m"]}]})
+    suite = OmegaConf.create(
+        {
+            "model": "tiny_llama",
+            "dataset": "humaneval",
+            "entries": [
+                {"label": "a", "overrides": ["method=ar"]},
+                {"label": "b", "overrides": ["model=smollm2_135m"]},
+            ],
+        }
+    )
     args = bench.parse_args(["smoke"])
     with pytest.raises(ConfigError, match="must not change the model"):
         bench.entry_configs(suite, bench.expand_entries(suite), args)

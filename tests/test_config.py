@@ -14,8 +14,18 @@ from tests.conftest import ROOT
 def test_defaults_contract():
     cfg = compose_run()
     assert (cfg.model.name, cfg.method.name, cfg.dataset.name) == ("smollm2_135m", "ar", "humaneval")
-    for knob in ("limit", "max_new_tokens", "temperature", "top_p", "seed", "device", "dtype", "warmup",
-                 "output_dir", "data_dir"):
+    for knob in (
+        "limit",
+        "max_new_tokens",
+        "temperature",
+        "top_p",
+        "seed",
+        "device",
+        "dtype",
+        "warmup",
+        "output_dir",
+        "data_dir",
+    ):
         assert knob in cfg
     assert cfg.device == "auto" and cfg.dtype == "auto" and cfg.temperature == 0.0
 
@@ -23,7 +33,11 @@ def test_defaults_contract():
 def check(cfg, model: str, method: str, dataset: str) -> None:
     """The composed config resolves (every interpolation) and names what was asked for."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    assert (resolved["model"]["name"], resolved["method"]["name"], resolved["dataset"]["name"]) == (model, method, dataset)
+    assert (resolved["model"]["name"], resolved["method"]["name"], resolved["dataset"]["name"]) == (
+        model,
+        method,
+        dataset,
+    )
     assert cfg.model.source in ("hub", "embedded", "tiny")
     assert cfg.method.engine in ("loop", "hf_generate")
     assert model in cfg.output_dir and method in cfg.output_dir
@@ -50,8 +64,9 @@ def test_profile_config_composes():
 
 @pytest.mark.parametrize("group,bad", [("method", "nope"), ("model", "gpt9"), ("dataset", "imaginary")])
 def test_unknown_name_lists_valid_options(group, bad):
-    proc = subprocess.run([sys.executable, "-m", "specbench", f"{group}={bad}"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "specbench", f"{group}={bad}"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode != 0
     for valid in options(group):
         assert valid in proc.stderr

@@ -18,9 +18,11 @@ from specbench.errors import ConfigError, DataUnavailable
 from specbench.structures.corpus_cache import CorpusCache, CorpusCacheMismatch
 from tests.conftest import ROOT
 
-SENTENCES = ["The president spoke to the Congress about the state of the union.",
-             "We must work together for the future of our children.",
-             "The state of the union is strong, and the future is bright."]
+SENTENCES = [
+    "The president spoke to the Congress about the state of the union.",
+    "We must work together for the future of our children.",
+    "The state of the union is strong, and the future is bright.",
+]
 
 
 def brute_force(streams, max_key_len, continuation_len, top_k, min_count):
@@ -29,7 +31,7 @@ def brute_force(streams, max_key_len, continuation_len, top_k, min_count):
     for stream in streams:
         for key_len in range(1, max_key_len + 1):
             for i in range(len(stream) - key_len - continuation_len + 1):
-                seen[tuple(stream[i:i + key_len]), tuple(stream[i + key_len:i + key_len + continuation_len])] += 1
+                seen[tuple(stream[i : i + key_len]), tuple(stream[i + key_len : i + key_len + continuation_len])] += 1
     table = defaultdict(list)
     for (key, cont), count in seen.items():
         if count > min_count:
@@ -48,8 +50,12 @@ def test_build_matches_brute_force(seed):
     vocab = rng.choice([3, 40, 200_000, 2**31])  # 1 to 3 tokens per packed uint64 word
     alphabet = [rng.randrange(vocab) for _ in range(rng.choice([2, 3, 4]))]
     streams = [[rng.choice(alphabet) for _ in range(rng.randrange(0, 50))] for _ in range(rng.randrange(0, 5))]
-    settings = dict(max_key_len=rng.randint(1, 4), continuation_len=rng.randint(1, 4), top_k=rng.randint(1, 5),
-                    min_count=rng.randint(0, 3))
+    settings = dict(
+        max_key_len=rng.randint(1, 4),
+        continuation_len=rng.randint(1, 4),
+        top_k=rng.randint(1, 5),
+        min_count=rng.randint(0, 3),
+    )
     cache = CorpusCache.build(streams, **settings)
     assert stored(cache) == brute_force(streams, **settings)
     assert cache.describe()["corpus"] == {"tokens": sum(map(len, streams)), "documents": sum(1 for s in streams if s)}
@@ -74,8 +80,9 @@ def test_min_count_is_a_strict_threshold():
 
 
 def test_equal_counts_tie_by_tokens_and_streams_are_not_joined():
-    cache = CorpusCache.build([[1, 9], [1, 5], [1, 7], [1, 5], [1, 9]], max_key_len=1, continuation_len=1,
-                              top_k=5, min_count=0)
+    cache = CorpusCache.build(
+        [[1, 9], [1, 5], [1, 7], [1, 5], [1, 9]], max_key_len=1, continuation_len=1, top_k=5, min_count=0
+    )
     assert cache.continuations([1]) == [((5,), 2), ((9,), 2), ((7,), 1)]
     assert cache.continuations([9]) == [] and cache.continuations([5]) == []  # 9 then 1 crosses a stream end
 
@@ -113,13 +120,15 @@ PROVENANCE = {"tokenizer": {"name": "toy", "vocab_size": 10, "fingerprint": "abc
 
 
 def test_save_load_round_trip(tmp_path, suffix_cache):
-    cache = CorpusCache.build(counted_streams(), max_key_len=2, continuation_len=2, top_k=3, min_count=0,
-                              provenance=PROVENANCE)
+    cache = CorpusCache.build(
+        counted_streams(), max_key_len=2, continuation_len=2, top_k=3, min_count=0, provenance=PROVENANCE
+    )
     path = tmp_path / "sub" / "cache.npz"
     cache.save(path)
     assert [p.name for p in path.parent.iterdir()] == ["cache.npz"]  # the temp file was renamed
-    loaded = CorpusCache.load(path, expect={"tokenizer": {"vocab_size": 10, "fingerprint": "abc"},
-                                            "settings": cache.settings})
+    loaded = CorpusCache.load(
+        path, expect={"tokenizer": {"vocab_size": 10, "fingerprint": "abc"}, "settings": cache.settings}
+    )
     assert stored(loaded) == stored(cache) and loaded.settings == cache.settings
     assert loaded.describe() == cache.describe()
     assert loaded.lookup([5, 1], 4) == cache.lookup([5, 1], 4)
@@ -137,13 +146,15 @@ def test_load_rejects_another_tokenizer_or_settings(tmp_path):
     with pytest.raises(ConfigError, match="not a readable corpus cache"):
         (tmp_path / "junk.npz").write_text("not a zip")
         CorpusCache.load(tmp_path / "junk.npz")
-    np.savez(tmp_path / "old.npz", header=np.array(json.dumps({"format": "specbench-corpus-cache",
-                                                                "format_version": 0})))
+    np.savez(
+        tmp_path / "old.npz", header=np.array(json.dumps({"format": "specbench-corpus-cache", "format_version": 0}))
+    )
     with pytest.raises(CorpusCacheMismatch, match="v1"):
         CorpusCache.load(tmp_path / "old.npz")
 
 
 # --- building from text with a real tokenizer ----------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def tokenizer():
@@ -168,8 +179,17 @@ def text_dir(tmp_path):
 
 def corpus_cfg(folder, **settings) -> dict:
     """A ``corpus`` node over local files."""
-    return {"source": "files", "files": None if folder is None else str(folder), "hub": {}, "max_tokens": None, "max_key_len": 4,
-            "continuation_len": 4, "top_k": 20, "min_count": 1, **settings}
+    return {
+        "source": "files",
+        "files": None if folder is None else str(folder),
+        "hub": {},
+        "max_tokens": None,
+        "max_key_len": 4,
+        "continuation_len": 4,
+        "top_k": 20,
+        "min_count": 1,
+        **settings,
+    }
 
 
 def test_corpus_cache_for_builds_once_then_loads(tokenizer, text_dir, tmp_path, monkeypatch):
@@ -193,8 +213,11 @@ def test_corpus_cache_for_builds_once_then_loads(tokenizer, text_dir, tmp_path, 
 
 def test_cache_name_follows_content_and_settings(tokenizer, text_dir):
     paths = {}
-    for label, cfg in [("base", corpus_cfg(text_dir)), ("top_k", corpus_cfg(text_dir, top_k=5)),
-                       ("cap", corpus_cfg(text_dir, max_tokens=100))]:
+    for label, cfg in [
+        ("base", corpus_cfg(text_dir)),
+        ("top_k", corpus_cfg(text_dir, top_k=5)),
+        ("cap", corpus_cfg(text_dir, max_tokens=100)),
+    ]:
         spec = CorpusSpec.from_cfg(cfg)
         paths[label] = corpus.cache_path(spec, corpus.cache_identity(tokenizer, spec))
     (text_dir / "a.txt").write_text("changed")
@@ -259,10 +282,17 @@ def test_hub_source_streams_the_text_field(tokenizer, monkeypatch):
 
 # --- command line --------------------------------------------------------------------------------
 
+
 def cli_overrides(tokenizer, text_dir) -> list[str]:
     """Overrides pointing the CLI at a local tokenizer folder and the test texts."""
-    return ["model.source=hub", f"model.path={tokenizer.name_or_path}", "corpus.source=files",
-            f"corpus.files={text_dir}", "corpus.min_count=1", "progress=false"]
+    return [
+        "model.source=hub",
+        f"model.path={tokenizer.name_or_path}",
+        "corpus.source=files",
+        f"corpus.files={text_dir}",
+        "corpus.min_count=1",
+        "progress=false",
+    ]
 
 
 def test_cli_build_then_show(tokenizer, text_dir, tmp_path, monkeypatch, capsys):
@@ -277,7 +307,13 @@ def test_cli_build_then_show(tokenizer, text_dir, tmp_path, monkeypatch, capsys)
 
 def test_cli_module_reports_config_errors(tmp_path):
     env = {**os.environ, "SPECBENCH_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "specbench.corpus", "build", "corpus.source=oanc"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "specbench.corpus", "build", "corpus.source=oanc"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert proc.returncode == 2 and "error: corpus.source must be one of auto, files, hub" in proc.stderr
     assert not list(tmp_path.iterdir())  # failed before loading the tokenizer or writing anything

@@ -4,8 +4,7 @@ import pytest
 
 from specbench.data.base import Sample
 from specbench.data.humaneval import HumanEval
-from specbench.data.prompts import (VICUNA_SYSTEM, conversation, llama2_text, render, resolve_format,
-                                    vicuna_text)
+from specbench.data.prompts import VICUNA_SYSTEM, conversation, llama2_text, render, resolve_format, vicuna_text
 from specbench.errors import ConfigError, DataUnavailable
 
 
@@ -60,6 +59,7 @@ def test_rendering_chat_and_raw(embedded):
 def test_chat_format_without_template_is_a_clear_error():
     class NoTemplate:
         chat_template = None
+
     with pytest.raises(ConfigError, match="prompt_format=raw"):
         resolve_format(NoTemplate(), "chat")
     assert resolve_format(NoTemplate(), "auto") == "raw"

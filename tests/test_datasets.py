@@ -5,9 +5,8 @@ from collections import Counter
 import pytest
 
 from specbench.data.__main__ import compose_run
-from specbench.data.base import build_dataset
 from specbench.data.__main__ import main as data_cli
-from specbench.data.base import SAMPLERS
+from specbench.data.base import SAMPLERS, build_dataset
 from specbench.data.mbpp import MBPP
 from specbench.data.mt_bench import MT_BENCH_CATEGORIES, MTBench
 from specbench.data.spec_bench import TASK_GROUPS, SpecBench
@@ -15,10 +14,11 @@ from specbench.errors import ConfigError, DataUnavailable
 from tests.helpers import exit_code
 
 CNN_SHOT = "386b182672cd041d574a3fe0e9ccf2f16b751f2e"
-GSM_1 = ("A robe takes 2 bolts of blue fiber and half that much white fiber.  "
-         "How many bolts in total does it take?")
-VICUNA = ("A chat between a curious user and an artificial intelligence assistant. The assistant gives "
-          "helpful, detailed, and polite answers to the user's questions.")
+GSM_1 = "A robe takes 2 bolts of blue fiber and half that much white fiber.  How many bolts in total does it take?"
+VICUNA = (
+    "A chat between a curious user and an artificial intelligence assistant. The assistant gives "
+    "helpful, detailed, and polite answers to the user's questions."
+)
 SMOL = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
 
@@ -32,15 +32,18 @@ def ids(dataset) -> list[str]:
     return [s.sample_id for s in dataset.samples()]
 
 
-@pytest.mark.parametrize("name,count,first,last", [
-    ("humaneval", 164, "HumanEval/0", "HumanEval/163"),
-    ("mt_bench", 80, "81", "160"),
-    ("spec_bench", 480, "81", "560"),
-    ("gsm8k", 1319, "gsm8k/0", "gsm8k/1318"),
-    ("dolly", 1000, "dolly/0", "dolly/999"),
-    ("cnndm", 199, "f001ec5c4704938247d27a44948eebb37ae98d01", None),
-    ("xsum", 999, "38264402", None),
-])
+@pytest.mark.parametrize(
+    "name,count,first,last",
+    [
+        ("humaneval", 164, "HumanEval/0", "HumanEval/163"),
+        ("mt_bench", 80, "81", "160"),
+        ("spec_bench", 480, "81", "560"),
+        ("gsm8k", 1319, "gsm8k/0", "gsm8k/1318"),
+        ("dolly", 1000, "dolly/0", "dolly/999"),
+        ("cnndm", 199, "f001ec5c4704938247d27a44948eebb37ae98d01", None),
+        ("xsum", 999, "38264402", None),
+    ],
+)
 def test_counts_and_id_ranges(shared_data, name, count, first, last):
     got = ids(load(name, shared_data))
     assert len(got) == count == len(set(got)) and got[0] == first
@@ -70,7 +73,7 @@ def test_shuffle_sampler_equals_datasets_shuffle():
     assert SAMPLERS["shuffle"]([i for i in range(300) if i != expected[3]], 300, 50, 42)[:3] == expected[:3]
 
 
-@pytest.mark.parametrize("name,pool", [("gsm100", range(0, 1319)), ("mbpp100", range(11, 511))])
+@pytest.mark.parametrize("name,pool", [("gsm100", range(1319)), ("mbpp100", range(11, 511))])
 def test_random_subsamples_are_seeded(shared_data, name, pool):
     first, again = ids(load(name, shared_data)), ids(load(name, shared_data))
     other = ids(load(name, shared_data, "dataset.sample_seed=11"))
@@ -101,11 +104,18 @@ def test_mbpp_variant_and_sanitized_fields(shared_data):
     data = load("mbpp100", shared_data)
     data.samples()
     assert data.describe()["variant"] == "full" and data.describe()["n_total"] == 500
-    sanitized = {"task_id": 11, "prompt": "Write f.", "code": "def f(): pass",
-                 "test_list": ["assert f() is None"], "test_imports": []}
+    sanitized = {
+        "task_id": 11,
+        "prompt": "Write f.",
+        "code": "def f(): pass",
+        "test_list": ["assert f() is None"],
+        "test_imports": [],
+    }
     sample = MBPP("m", split_variant="sanitized").to_sample(0, sanitized)
-    assert sample.turns == ["You are an expert Python programmer, and here is your task: Write f. "
-                            "Your code should pass these tests:\n\nassert f() is None"]
+    assert sample.turns == [
+        "You are an expert Python programmer, and here is your task: Write f. "
+        "Your code should pass these tests:\n\nassert f() is None"
+    ]
 
 
 def test_mbpp_sanitized_needs_the_hub(shared_data, monkeypatch):
@@ -118,7 +128,7 @@ def test_mbpp_sanitized_needs_the_hub(shared_data, monkeypatch):
 
 def test_mt_bench_categories_and_hub_records(shared_data):
     samples = load("mt_bench", shared_data).samples()
-    assert Counter(s.category for s in samples) == {category: 10 for category in MT_BENCH_CATEGORIES}
+    assert Counter(s.category for s in samples) == dict.fromkeys(MT_BENCH_CATEGORIES, 10)
     assert all(len(s.turns) == 2 for s in samples)
     hub_row = {"prompt": ["q1", "q2"], "prompt_id": 12345678, "category": "writing", "reference": []}
     sample = MTBench("mt_bench").to_sample(4, hub_row)
@@ -131,8 +141,11 @@ def test_round_robin_order_spans_categories_with_a_small_limit(shared_data):
     first = mixed.samples(limit=8)
     assert [s.category for s in first] == list(MT_BENCH_CATEGORIES)
     assert sorted(s.sample_id for s in mixed.samples()) == sorted(s.sample_id for s in canonical)
-    assert [s.sample_id for s in load("humaneval", shared_data, "dataset.order=round_robin").samples(limit=3)] == \
-        ["HumanEval/0", "HumanEval/1", "HumanEval/2"]  # no categories: the canonical order
+    assert [s.sample_id for s in load("humaneval", shared_data, "dataset.order=round_robin").samples(limit=3)] == [
+        "HumanEval/0",
+        "HumanEval/1",
+        "HumanEval/2",
+    ]  # no categories: the canonical order
     with pytest.raises(ConfigError, match="dataset.order"):
         load("mt_bench", shared_data, "dataset.order=shuffled").samples()
 
@@ -140,7 +153,7 @@ def test_round_robin_order_spans_categories_with_a_small_limit(shared_data):
 def test_spec_bench_groups(shared_data):
     samples = load("spec_bench", shared_data).samples()
     groups = Counter(s.category for s in samples)
-    assert groups == {group: 80 for group in TASK_GROUPS}
+    assert groups == dict.fromkeys(TASK_GROUPS, 80)
     mt = [s for s in samples if s.category == "mt_bench"]
     assert Counter(s.meta["fine_category"] for s in mt)["coding"] == 10 and all(len(s.turns) == 2 for s in mt)
     assert all(len(s.turns) == 1 for s in samples if s.category != "mt_bench")
@@ -152,10 +165,18 @@ def test_spec_bench_without_local_copy():
         SpecBench("spec_bench").samples()
 
 
-@pytest.mark.parametrize("name,hub_id", [
-    ("mt_bench", "HuggingFaceH4/mt_bench_prompts"), ("gsm100", "openai/gsm8k"), ("gsm8k", "openai/gsm8k"),
-    ("mbpp100", "google-research-datasets/mbpp"), ("cnndm", "abisee/cnn_dailymail"),
-    ("xsum", "EdinburghNLP/xsum"), ("dolly", "databricks/databricks-dolly-15k")])
+@pytest.mark.parametrize(
+    "name,hub_id",
+    [
+        ("mt_bench", "HuggingFaceH4/mt_bench_prompts"),
+        ("gsm100", "openai/gsm8k"),
+        ("gsm8k", "openai/gsm8k"),
+        ("mbpp100", "google-research-datasets/mbpp"),
+        ("cnndm", "abisee/cnn_dailymail"),
+        ("xsum", "EdinburghNLP/xsum"),
+        ("dolly", "databricks/databricks-dolly-15k"),
+    ],
+)
 def test_offline_without_local_copy_names_hub_id(monkeypatch, name, hub_id):
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     with pytest.raises(DataUnavailable, match=f"'{hub_id}'.*SPECBENCH_DATA_DIR"):
@@ -184,6 +205,7 @@ def test_bad_settings_are_config_errors(shared_data):
 
 # --- prompt rendering snapshots ------------------------------------------------------------------
 
+
 def test_gsm_prompt_formats(shared_data, embedded):
     tok = embedded.tokenizer
     data = load("gsm8k", shared_data)
@@ -192,8 +214,7 @@ def test_gsm_prompt_formats(shared_data, embedded):
         "raw": GSM_1,
         "vicuna": f"{VICUNA} USER: {GSM_1} ASSISTANT:",
         "llama2": f"[INST] {GSM_1} [/INST]",
-        "chat": (f"<|im_start|>system\n{SMOL}<|im_end|>\n<|im_start|>user\n{GSM_1}<|im_end|>\n"
-                 "<|im_start|>assistant\n"),
+        "chat": (f"<|im_start|>system\n{SMOL}<|im_end|>\n<|im_start|>user\n{GSM_1}<|im_end|>\n<|im_start|>assistant\n"),
     }
     for fmt, text in expected.items():
         data.prompt_format = fmt
@@ -204,16 +225,23 @@ def test_gsm_prompt_formats(shared_data, embedded):
 def test_llama2_system_block(shared_data, embedded):
     data = load("gsm8k", shared_data, "dataset.prompt_format=llama2", "dataset.system_prompt=Be brief.")
     assert data.prompt(embedded.tokenizer, data.samples(2)[1], []) == (
-        f"[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\n{GSM_1} [/INST]")
+        f"[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\n{GSM_1} [/INST]"
+    )
 
 
-@pytest.mark.parametrize("fmt,expected", [
-    ("vicuna", "{sys} USER: {q1} ASSISTANT: An answer.</s>USER: {q2} ASSISTANT:"),
-    ("llama2", "[INST] {q1} [/INST] An answer. </s><s>[INST] {q2} [/INST]"),
-    ("raw", "{q1}\n\nAn answer. \n\n{q2}"),
-    ("chat", "<|im_start|>system\n{smol}<|im_end|>\n<|im_start|>user\n{q1}<|im_end|>\n<|im_start|>assistant\n"
-             "An answer. <|im_end|>\n<|im_start|>user\n{q2}<|im_end|>\n<|im_start|>assistant\n"),
-])
+@pytest.mark.parametrize(
+    "fmt,expected",
+    [
+        ("vicuna", "{sys} USER: {q1} ASSISTANT: An answer.</s>USER: {q2} ASSISTANT:"),
+        ("llama2", "[INST] {q1} [/INST] An answer. </s><s>[INST] {q2} [/INST]"),
+        ("raw", "{q1}\n\nAn answer. \n\n{q2}"),
+        (
+            "chat",
+            "<|im_start|>system\n{smol}<|im_end|>\n<|im_start|>user\n{q1}<|im_end|>\n<|im_start|>assistant\n"
+            "An answer. <|im_end|>\n<|im_start|>user\n{q2}<|im_end|>\n<|im_start|>assistant\n",
+        ),
+    ],
+)
 def test_second_turn_holds_the_first_answer(shared_data, embedded, fmt, expected):
     data = load("mt_bench", shared_data, f"dataset.prompt_format={fmt}")
     sample = data.samples(1)[0]
@@ -228,9 +256,11 @@ def test_cnndm_one_shot_and_instruction(shared_data, embedded):
     sample = data.samples(1)[0]
     text = data.prompt(embedded.tokenizer, sample, [])
     assert text.startswith('Article: (CNN)What do we have for the contestant on "The Price Is Right"?')
-    assert ('\nSummary: "The Price Is Right" gives away a car ... accidentally . A model makes a big mistake '
-            'during a game . Host Drew Carey thought the error was hilarious .\nArticle: (CNN)The Palestinian '
-            'Authority officially became') in text
+    assert (
+        '\nSummary: "The Price Is Right" gives away a car ... accidentally . A model makes a big mistake '
+        "during a game . Host Drew Carey thought the error was hilarious .\nArticle: (CNN)The Palestinian "
+        "Authority officially became"
+    ) in text
     assert text.endswith(sample.meta["document"] + "\nSummary:") and text.count("Article: ") == 2
     zero = load("cnndm", shared_data, "dataset.prompt_format=raw", "dataset.shot_id=null")
     assert zero.prompt(embedded.tokenizer, sample, []) == f"Article: {sample.meta['document']}\nSummary:"
@@ -252,11 +282,13 @@ def test_dolly_prompts(shared_data, embedded):
     with_context, without = data.samples(2)
     assert data.prompt(tok, without, []) == (
         "Below is an instruction that describes a task. Write a response that appropriately completes the "
-        "request.\n\n### Instruction:\nWhich is a species of fish? Tope or Rope\n\n### Response:")
+        "request.\n\n### Instruction:\nWhich is a species of fish? Tope or Rope\n\n### Response:"
+    )
     assert data.prompt(tok, with_context, []).startswith(
         "Below is an instruction that describes a task, paired with an input that provides further context. "
         "Write a response that appropriately completes the request.\n\n### Instruction:\nWhen did Virgin "
-        "Australia start operating?\n\n### Input:\nVirgin Australia, the trading name")
+        "Australia start operating?\n\n### Input:\nVirgin Australia, the trading name"
+    )
     assert data.prompt(tok, with_context, []).endswith("[4]\n\n### Response:")
     assert with_context.turns[0].startswith("When did Virgin Australia start operating?\n\nVirgin Australia")
     assert without.turns == ["Which is a species of fish? Tope or Rope"]
@@ -273,16 +305,27 @@ def test_humaneval_and_mbpp_raw_prompts(shared_data, embedded):
         "[INST] You are an expert Python programmer, and here is your task: Write a python function to check "
         "whether the count of inversion of two types are same or not. Your code should pass these tests:\n\n"
         "assert solve([1,0,2],3) == True\nassert solve([1,2,0],3) == False\n"
-        "assert solve([1,2,1],3) == True [/INST]")
+        "assert solve([1,2,1],3) == True [/INST]"
+    )
 
 
 # --- CLI -------------------------------------------------------------------------------------------
 
+
 def test_cli_list(shared_data, capsys):
     assert data_cli(["list", "--data-dir", str(shared_data)]) == 0
     out = capsys.readouterr().out
-    for name, count in [("mt_bench", 80), ("gsm100", 100), ("spec_bench", 480), ("dolly", 1000),
-                        ("humaneval", 164), ("mbpp100", 100), ("cnndm", 199), ("xsum", 999), ("gsm8k", 1319)]:
+    for name, count in [
+        ("mt_bench", 80),
+        ("gsm100", 100),
+        ("spec_bench", 480),
+        ("dolly", 1000),
+        ("humaneval", 164),
+        ("mbpp100", 100),
+        ("cnndm", 199),
+        ("xsum", 999),
+        ("gsm8k", 1319),
+    ]:
         assert any(line.split()[:2] == [name, str(count)] for line in out.splitlines())
     assert "local:" in out and "random.sample(size=100, seed=10)" in out
 
@@ -293,4 +336,3 @@ def test_cli_show(shared_data, embedded, capsys):
     assert "=== 81  category=writing  turns=2" in out and "<model answer to turn 0>" in out
     assert exit_code(data_cli, ["show", "imaginary"]) == 2
     assert "mt_bench" in capsys.readouterr().err
-

@@ -78,14 +78,25 @@ def test_llama2_7b_random_has_llama2_7b_shape():
     model_cfg = compose_config("model=llama2_7b_random").model
     model = build_tiny_llama(49152, device="meta", dtype=torch.float16, **model_cfg.tiny)
     config = model.config
-    shape = (config.hidden_size, config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads,
-             config.intermediate_size, config.max_position_embeddings, config.rms_norm_eps)
+    shape = (
+        config.hidden_size,
+        config.num_hidden_layers,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.intermediate_size,
+        config.max_position_embeddings,
+        config.rms_norm_eps,
+    )
     assert shape == (4096, 32, 32, 32, 11008, 4096, 1e-5)
     params = sum(p.numel() for p in model.parameters())
     assert params == 6_738_415_616 + 2 * (49152 - 32000) * 4096
     draft = model_cfg.draft.tiny
-    assert (draft.hidden_size, draft.num_hidden_layers, draft.num_attention_heads, draft.intermediate_size) == \
-        (768, 2, 12, 3072)
+    assert (draft.hidden_size, draft.num_hidden_layers, draft.num_attention_heads, draft.intermediate_size) == (
+        768,
+        2,
+        12,
+        3072,
+    )
     assert model_cfg.medusa.source == "random" and model_cfg.medusa.num_heads == 5
 
 
@@ -104,8 +115,12 @@ def test_gpu_suite_composes_every_method():
     assert every - {implementation(cfg.method) for cfg in configs.values()} == set()
     assert all(cfg.method.name == label for label, cfg in configs.items())
     first = configs["ar"]
-    assert (first.model.name, first.device, first.dtype, first.max_new_tokens) == \
-        ("llama2_7b_random", "cuda", "float16", 128)
+    assert (first.model.name, first.device, first.dtype, first.max_new_tokens) == (
+        "llama2_7b_random",
+        "cuda",
+        "float16",
+        128,
+    )
     assert configs["self_draft"].method.drafter.use_corpus_cache is False
 
 

@@ -16,8 +16,16 @@ SPEC.loader.exec_module(diagnose)
 
 def tiny_run(out, method):
     """Two HumanEval samples, 10 tokens, on the tiny random model."""
-    cfg = compose_config("model=tiny_llama", f"method={method}", "limit=2", "max_new_tokens=10", "warmup=0",
-                         "progress=false", "data_dir=null", f"output_dir={out}")
+    cfg = compose_config(
+        "model=tiny_llama",
+        f"method={method}",
+        "limit=2",
+        "max_new_tokens=10",
+        "warmup=0",
+        "progress=false",
+        "data_dir=null",
+        f"output_dir={out}",
+    )
     return Runner(cfg).run()
 
 

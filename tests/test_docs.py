@@ -7,7 +7,7 @@ Pure file reading, no imports of the package: this runs in well under a second.
 from __future__ import annotations
 
 import re
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -38,13 +38,16 @@ def scanned_files() -> list[Path]:
     files = [ROOT / name for name in SCANNED_FILES if (ROOT / name).is_file()]
     for folder in SCANNED_DIRS:
         for path in sorted((ROOT / folder).rglob("*")):
-            if path.is_file() and not SKIPPED_DIRS.intersection(path.relative_to(ROOT).parts) \
-                    and path.resolve() != THIS_FILE:
+            if (
+                path.is_file()
+                and not SKIPPED_DIRS.intersection(path.relative_to(ROOT).parts)
+                and path.resolve() != THIS_FILE
+            ):
                 files.append(path)
     return files
 
 
-@lru_cache(maxsize=None)
+@cache
 def text_of(path: Path) -> str | None:
     """The file's text, or None for binary files."""
     try:
@@ -62,7 +65,7 @@ def slug(heading: str) -> str:
     return text.replace(" ", "-")
 
 
-@lru_cache(maxsize=None)
+@cache
 def anchors_of(path: Path) -> frozenset[str]:
     """Every anchor a Markdown file's headings (outside code fences) and HTML anchors produce."""
     anchors: set[str] = set()
@@ -113,8 +116,9 @@ def test_no_references_to_files_outside_the_repository():
             continue
         for match in OUTSIDE_REFERENCE.finditer(text):
             found.append(f"{path.relative_to(ROOT)}:{line_of(text, match.start())}: {match.group(0)!r}")
-    assert not found, ("references to background files outside the repository (point at docs/ "
-                       "instead):\n" + "\n".join(found))
+    assert not found, "references to background files outside the repository (point at docs/ instead):\n" + "\n".join(
+        found
+    )
 
 
 def test_docs_paths_and_anchors_exist():
@@ -126,8 +130,7 @@ def test_docs_paths_and_anchors_exist():
         for match in DOCS_PATH.finditer(text):
             problem = target_problem(ROOT / match.group(1), match.group(2))
             if problem:
-                broken.append(f"{path.relative_to(ROOT)}:{line_of(text, match.start())}: "
-                              f"{match.group(0)}: {problem}")
+                broken.append(f"{path.relative_to(ROOT)}:{line_of(text, match.start())}: {match.group(0)}: {problem}")
     assert not broken, "docs paths that do not resolve:\n" + "\n".join(broken)
 
 

@@ -45,8 +45,9 @@ def runner(tmp_path: Path, *overrides: str) -> Runner:
 
 def cli_run(*words: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """``python -m specbench WORDS`` as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "specbench", *words], cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "specbench", *words], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
 
 
 # -- one error line, exit 2, before anything loads or is written ------------------------------------------
@@ -80,8 +81,10 @@ def test_a_bad_command_line_is_one_config_error(words, says):
 def test_the_cli_prints_one_line_exits_2_and_writes_nothing(tmp_path):
     """Through the real command: an unknown key, and a bad knob (which needs the method composed)."""
     out = tmp_path / "out"
-    for words, says in ([["foo=1"], "error: unknown setting 'foo'"],
-                        [["method=lade", "method.drafter.window_size=0"], "error: method.drafter.window_size (W)"]):
+    for words, says in (
+        [["foo=1"], "error: unknown setting 'foo'"],
+        [["method=lade", "method.drafter.window_size=0"], "error: method.drafter.window_size (W)"],
+    ):
         done = cli_run(*TINY, f"output_dir={out}", *words)
         assert done.returncode == 2 and done.stderr.startswith(says), done.stderr
         assert len(done.stderr.strip().splitlines()) == 1 and not out.exists()
@@ -142,8 +145,10 @@ def test_read_jsonl_checks_alternative_field_names(tmp_path):
 
 def hold_lock(folder: Path) -> subprocess.Popen:
     """Another process that holds the folder's lock until it is killed."""
-    code = ("import sys, time; from specbench.files import FolderLock; FolderLock(sys.argv[1]).acquire(); "
-            "print('held', flush=True); time.sleep(600)")
+    code = (
+        "import sys, time; from specbench.files import FolderLock; FolderLock(sys.argv[1]).acquire(); "
+        "print('held', flush=True); time.sleep(600)"
+    )
     holder = subprocess.Popen([sys.executable, "-c", code, str(folder)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     return holder
@@ -253,8 +258,15 @@ def distilled_stand_in(folder: Path, seed: int) -> None:
     from specbench.models.loading import build_tiny_llama, load_tokenizer
 
     tokenizer = load_tokenizer(compose_config("model=tiny_llama").model)
-    draft = build_tiny_llama(len(tokenizer), seed=seed, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                             num_key_value_heads=1, intermediate_size=32)
+    draft = build_tiny_llama(
+        len(tokenizer),
+        seed=seed,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=32,
+    )
     shutil.rmtree(folder, ignore_errors=True)
     draft.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -284,8 +296,14 @@ def test_runs_record_their_parts_and_never_mix_two(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_runs_of_different_prompt_formats_never_pair(tmp_path, shared_data):
     """AR on chat prompts and PLD on raw prompts of the same samples: no speedup, no exact match."""
-    common = ["model=smollm2_135m", "limit=2", "max_new_tokens=8", "warmup=0", "progress=false",
-              f"data_dir={shared_data}"]
+    common = [
+        "model=smollm2_135m",
+        "limit=2",
+        "max_new_tokens=8",
+        "warmup=0",
+        "progress=false",
+        f"data_dir={shared_data}",
+    ]
     Runner(compose_config(*common, "method=ar", f"output_dir={tmp_path / 'ar'}")).run()
     Runner(compose_config(*common, "method=pld", "dataset.prompt_format=raw", f"output_dir={tmp_path / 'pld'}")).run()
     Runner(compose_config(*common, "method=pld", f"output_dir={tmp_path / 'pld_chat'}")).run()

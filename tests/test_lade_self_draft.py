@@ -51,15 +51,20 @@ def tiny_truth(tiny, seed: int, max_new_tokens: int) -> list[int]:
     return _TRUTH[key]
 
 
-def run(model, drafter, prompt, max_new_tokens, eos_ids=frozenset(), sampling=Sampling(), seed=0):
+GREEDY = Sampling()
+
+
+def run(model, drafter, prompt, max_new_tokens, eos_ids=frozenset(), sampling=GREEDY, seed=0):
     """One generation through the shared loop with a seeded RNG."""
     drafter.setup(model, None)
     with torch.inference_mode():
         return Decoder(model, drafter, eos_ids, sampling).generate(
-            prompt, max_new_tokens, torch.Generator().manual_seed(seed))
+            prompt, max_new_tokens, torch.Generator().manual_seed(seed)
+        )
 
 
 # -- aux-row layouts ------------------------------------------------------------------------------
+
 
 def test_lade_window_mask_is_the_2d_lookahead_window():
     """3 columns x 3 levels: level 0 is a chain from x; level l column j sees level 0 up to j + its column."""
@@ -106,12 +111,16 @@ def test_aux_rows_are_isolated_from_candidates_in_the_flat_pass():
 
 # -- greedy == AR on the tiny model ---------------------------------------------------------------
 
-LADE_SETTINGS = [dict(window_size=15, ngram_size=5, guess_set_size=15), dict(window_size=4, ngram_size=3, guess_set_size=4),
-                 dict(window_size=1, ngram_size=2, guess_set_size=3, official_step_cap=False),
-                 dict(window_size=5, ngram_size=7, guess_set_size=7),
-                 dict(window_size=5, ngram_size=4, guess_set_size=5, pool_from_prompt=True),
-                 dict(window_size=5, ngram_size=5, guess_set_size=5, official_step_cap=False, prefill_window=False,
-                      window_eos="keep")]
+LADE_SETTINGS = [
+    dict(window_size=15, ngram_size=5, guess_set_size=15),
+    dict(window_size=4, ngram_size=3, guess_set_size=4),
+    dict(window_size=1, ngram_size=2, guess_set_size=3, official_step_cap=False),
+    dict(window_size=5, ngram_size=7, guess_set_size=7),
+    dict(window_size=5, ngram_size=4, guess_set_size=5, pool_from_prompt=True),
+    dict(
+        window_size=5, ngram_size=5, guess_set_size=5, official_step_cap=False, prefill_window=False, window_eos="keep"
+    ),
+]
 
 
 def lade_warmup_steps(settings: dict) -> int:
@@ -141,8 +150,9 @@ def test_lade_official_cap_limits_steps_to_n_minus_1(tiny):
     gen = run(tiny, drafter, repetitive_prompt(1), 48)
     assert gen.output_ids == tiny_truth(tiny, 1, 48)
     assert max(gen.accept_lengths) == 3
-    uncapped = run(tiny, Lade(window_size=5, ngram_size=4, guess_set_size=5, official_step_cap=False),
-                   repetitive_prompt(1), 48)
+    uncapped = run(
+        tiny, Lade(window_size=5, ngram_size=4, guess_set_size=5, official_step_cap=False), repetitive_prompt(1), 48
+    )
     assert uncapped.output_ids == gen.output_ids and max(uncapped.accept_lengths) == 4
     with pytest.raises(ConfigError, match="official_step_cap=false"):
         Lade(ngram_size=2)
@@ -166,7 +176,7 @@ def test_lade_window_starts_in_the_prefill_like_the_official_code(tiny):
     assert gen.output_ids == tiny_truth(tiny, 3, 24)
     tail = random_prompt_tokens(prompt, w + n - 3, torch.Generator().manual_seed(7))  # the same draws
     with torch.inference_mode():
-        logits = tiny(input_ids=torch.tensor([prompt + tail])).logits[0, -len(tail):]
+        logits = tiny(input_ids=torch.tensor([prompt + tail])).logits[0, -len(tail) :]
     assert drafter.first_levels == [tail[1:], logits.argmax(-1).tolist()]
     assert drafter.stats()["warmup_steps"] == n - 3
     late = SpyLade(window_size=w, ngram_size=n, guess_set_size=4, prefill_window=False)
@@ -205,8 +215,13 @@ def test_lade_window_eos_replace_or_keep():
         Lade(window_eos="drop")
 
 
-SELF_DRAFT_SETTINGS = [dict(), dict(branch_len=4, branch_num=3), dict(branch_len=2, branch_num=2),
-                       dict(branch_len=8, branch_num=3, use_corpus_cache=False), dict(use_context_cache=False)]
+SELF_DRAFT_SETTINGS = [
+    dict(),
+    dict(branch_len=4, branch_num=3),
+    dict(branch_len=2, branch_num=2),
+    dict(branch_len=8, branch_num=3, use_corpus_cache=False),
+    dict(use_context_cache=False),
+]
 
 
 @pytest.mark.parametrize("settings", SELF_DRAFT_SETTINGS, ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()))
@@ -316,14 +331,18 @@ def test_root_only_tree_during_warm_up():
 
 # -- the embedded model -----------------------------------------------------------------------------
 
+
 def chat_prompt(lm, question: str) -> list[int]:
     """The model's chat template around one user question."""
-    return lm.tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
-                                            tokenize=True)["input_ids"]
+    return lm.tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True
+    )["input_ids"]
 
 
-QUESTIONS = ["Repeat this line three times: the quick brown fox jumps over the lazy dog.",
-             "Write a Python function that returns the squares of the numbers 1 to 10 as a list."]
+QUESTIONS = [
+    "Repeat this line three times: the quick brown fox jumps over the lazy dog.",
+    "Write a Python function that returns the squares of the numbers 1 to 10 as a list.",
+]
 
 
 @pytest.mark.slow
@@ -331,11 +350,20 @@ def test_greedy_equals_ar_embedded(embedded, tmp_path, monkeypatch):
     """LADE (paper defaults) and Self-Draft (corpus cache built from temp text files) on real prompts."""
     text = tmp_path / "text"
     text.mkdir()
-    (text / "a.txt").write_text("the quick brown fox jumps over the lazy dog. " * 40
-                                + "def square(x):\n    return x * x\n" * 20)
+    (text / "a.txt").write_text(
+        "the quick brown fox jumps over the lazy dog. " * 40 + "def square(x):\n    return x * x\n" * 20
+    )
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
-    corpus = dict(source="files", files=str(text), hub={}, max_tokens=None, max_key_len=4, continuation_len=4,
-                  top_k=20, min_count=5)
+    corpus = dict(
+        source="files",
+        files=str(text),
+        hub={},
+        max_tokens=None,
+        max_key_len=4,
+        continuation_len=4,
+        top_k=20,
+        min_count=5,
+    )
     model, eos = embedded.model, embedded.eos_ids
     lade = Lade()
     sd = SelfDraft(corpus=corpus)

@@ -37,11 +37,11 @@ def test_every_launcher_config_composes_with_an_experiment(name, monkeypatch):
     cfg = launcher_config(name)
     launcher = cfg.hydra.launcher
     assert launcher._target_ in PLUGIN_TARGETS.values()
-    get_class(launcher._target_)                                  # the plugin's launcher class imports
-    instantiate(launcher)                                         # and accepts every key of the config
-    assert cfg.experiment == "r2_table1_code" and cfg.method.name == "ar"   # the app config is untouched
+    get_class(launcher._target_)  # the plugin's launcher class imports
+    instantiate(launcher)  # and accepts every key of the config
+    assert cfg.experiment == "r2_table1_code" and cfg.method.name == "ar"  # the app config is untouched
     text = (CONF_DIR / "hydra" / "launcher" / f"{name}.yaml").read_text()
-    assert text.startswith("#") and f"hydra/launcher={name}" in text        # says how to use it
+    assert text.startswith("#") and f"hydra/launcher={name}" in text  # says how to use it
 
 
 def test_local_cpu_is_a_joblib_launcher_with_two_process_workers():
@@ -57,11 +57,11 @@ def test_slurm_gpu_runs_one_task_on_exactly_one_gpu_per_job(monkeypatch):
     launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
     assert launcher["_target_"] == PLUGIN_TARGETS["submitit_slurm"]
     assert launcher["nodes"] == 1 and launcher["tasks_per_node"] == 1 and launcher["gpus_per_node"] == 1
-    assert launcher["gpus_per_task"] is None and launcher["gres"] is None     # no second way to ask for more
+    assert launcher["gpus_per_task"] is None and launcher["gres"] is None  # no second way to ask for more
     assert launcher["cpus_per_task"] >= 1 and launcher["mem_gb"] >= 1 and launcher["timeout_min"] >= 1
     assert launcher["array_parallelism"] >= 1
-    assert launcher["partition"] is None                                      # the cluster's default
-    assert launcher["submitit_folder"].startswith(str(cfg.hydra.sweep.dir))   # logs beside the sweep
+    assert launcher["partition"] is None  # the cluster's default
+    assert launcher["submitit_folder"].startswith(str(cfg.hydra.sweep.dir))  # logs beside the sweep
     monkeypatch.setenv("SPECBENCH_SLURM_PARTITION", "gpu")
     assert OmegaConf.to_container(launcher_config("slurm_gpu").hydra.launcher, resolve=True)["partition"] == "gpu"
 
@@ -76,13 +76,25 @@ def test_slurm_cpu_asks_for_no_gpu():
 @pytest.mark.slow
 def test_a_joblib_sweep_at_smoke_scale_runs_on_cpu_and_pairs_with_its_ar_run(tmp_path):
     results_root, sweep_dir = tmp_path / "runs", tmp_path / "sweep"
-    command = [sys.executable, "-m", "specbench", "--multirun", EXPERIMENT, "hydra/launcher=local_cpu",
-               "model=tiny_llama", "limit=1", "max_new_tokens=4", "warmup=0", "progress=false",
-               f"results_root={results_root}", f"hydra.sweep.dir={sweep_dir}"]
+    command = [
+        sys.executable,
+        "-m",
+        "specbench",
+        "--multirun",
+        EXPERIMENT,
+        "hydra/launcher=local_cpu",
+        "model=tiny_llama",
+        "limit=1",
+        "max_new_tokens=4",
+        "warmup=0",
+        "progress=false",
+        f"results_root={results_root}",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-4000:]
     multirun = OmegaConf.load(sweep_dir / "multirun.yaml")
-    assert multirun.hydra.launcher._target_ == PLUGIN_TARGETS["joblib"]            # the sweep used joblib
+    assert multirun.hydra.launcher._target_ == PLUGIN_TARGETS["joblib"]  # the sweep used joblib
     summaries = {path.parent.name: json.loads(path.read_text()) for path in results_root.rglob("summary.json")}
     assert sorted(summaries) == ["method=anpd", "method=ar"]
     for summary in summaries.values():

@@ -11,9 +11,10 @@ from specbench.errors import ConfigError
 from tests.test_loop import ar_greedy
 
 PROMPT = [5, 6, 7, 8, 9, 10] * 4
+GREEDY = Sampling()
 
 
-def generate(model, drafter, prompt, max_new_tokens, eos_ids=frozenset(), sampling=Sampling(), seed=None):
+def generate(model, drafter, prompt, max_new_tokens, eos_ids=frozenset(), sampling=GREEDY, seed=None):
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
     with torch.inference_mode():
         return Decoder(model, drafter, eos_ids, sampling).generate(prompt, max_new_tokens, generator)
@@ -84,11 +85,16 @@ def test_branch_length_zero_and_decoding_length_one_mean_no_draft(tiny):
         assert gen.output_ids == truth and set(gen.draft_tokens) == {0}
 
 
-@pytest.mark.parametrize("kwargs,key", [({"decoding_length": 0}, "decoding_length"),
-                                        ({"branch_length": -1}, "branch_length"),
-                                        ({"mode": "tree"}, "mode"),
-                                        ({"output_weight": 1.5}, "output_weight"),
-                                        ({"max_query_length": 0}, "max_query_length")])
+@pytest.mark.parametrize(
+    "kwargs,key",
+    [
+        ({"decoding_length": 0}, "decoding_length"),
+        ({"branch_length": -1}, "branch_length"),
+        ({"mode": "tree"}, "mode"),
+        ({"output_weight": 1.5}, "output_weight"),
+        ({"max_query_length": 0}, "max_query_length"),
+    ],
+)
 def test_bad_settings_name_the_key(kwargs, key):
     with pytest.raises(ConfigError, match=key):
         Lookahead(**kwargs)
@@ -143,8 +149,9 @@ def test_table5_ablation_switches(tiny, shared_data):
     no_prompt = Lookahead(branch_length=4, insert_prompt=False)
     no_prompt.reset([1, 2, 3, 4, 5, 6])
     assert no_prompt.memory.sizes()["nodes"] == 0
-    no_output = Lookahead(branch_length=4, insert_output=False,
-                          warmup={"dataset": "dolly", "limit": 3, "data_dir": str(shared_data)})
+    no_output = Lookahead(
+        branch_length=4, insert_output=False, warmup={"dataset": "dolly", "limit": 3, "data_dir": str(shared_data)}
+    )
     no_output.setup(None, WordTokenizer())
     no_output.reset([1, 2, 3, 4])
     no_output.memory.stream_output([5, 6, 7, 8, 9, 10, 11])
@@ -161,10 +168,16 @@ def test_table5_ablation_switches(tiny, shared_data):
             assert generate(tiny, drafter, PROMPT, 30).output_ids == truth
 
 
-@pytest.mark.parametrize("ablation,setting", [("full", ""), ("no_prompt", "method.drafter.insert_prompt=false"),
-                                              ("no_output", "method.drafter.insert_output=false"),
-                                              ("no_pruning", "method.drafter.prune_min_trees=1000000000"),
-                                              ("no_elimination", "method.drafter.eliminate_input=false")])
+@pytest.mark.parametrize(
+    "ablation,setting",
+    [
+        ("full", ""),
+        ("no_prompt", "method.drafter.insert_prompt=false"),
+        ("no_output", "method.drafter.insert_output=false"),
+        ("no_pruning", "method.drafter.prune_min_trees=1000000000"),
+        ("no_elimination", "method.drafter.eliminate_input=false"),
+    ],
+)
 def test_ablation_configs_set_one_switch(ablation, setting):
     """conf/lookahead_ablation/<name> sets exactly the knob the paper_values rows of Table 5 name."""
     from specbench.reproduce.coverage import job_of
@@ -176,11 +189,17 @@ def test_ablation_configs_set_one_switch(ablation, setting):
 @pytest.mark.slow
 def test_embedded_greedy_equals_ar_in_every_mode(embedded):
     tok = embedded.tokenizer
-    questions = ["Write a Python function add(a, b) that returns a + b, then call it on 2 and 3.",
-                 "What is the capital of France? Answer in one word.",  # stops with EOS after 8 tokens
-                 "Repeat this list exactly, twice: red apple, green pear, yellow lemon, blue plum."]
-    prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                       tokenize=True)["input_ids"] for q in questions]
+    questions = [
+        "Write a Python function add(a, b) that returns a + b, then call it on 2 and 3.",
+        "What is the capital of France? Answer in one word.",  # stops with EOS after 8 tokens
+        "Repeat this list exactly, twice: red apple, green pear, yellow lemon, blue plum.",
+    ]
+    prompts = [
+        tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)[
+            "input_ids"
+        ]
+        for q in questions
+    ]
     truths = [ar_greedy(embedded.model, p, 40, embedded.eos_ids) for p in prompts]
     assert truths[1].stop_reason == "eos"
     for mode in MODES:

@@ -6,20 +6,28 @@ import pytest
 import torch
 
 from specbench.core.acceptance import Sampling
+from specbench.core.drafter import Drafter
 from specbench.core.loop import Decoder, clip_emitted
 from specbench.core.tree import DraftTree
 from specbench.drafters.ar import NoDraft
-from specbench.core.drafter import Drafter
 from specbench.errors import ConfigError
 from tests.helpers import exact_joint, pearson_statistic, sampled_outputs
 
 
 def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos: int | None = None) -> list[int]:
     with torch.inference_mode():
-        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                             max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos,
-                             pad_token_id=0, top_k=None, top_p=None, temperature=None)
-    return out[0, len(prompt):].tolist()
+        out = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=0,
+            top_k=None,
+            top_p=None,
+            temperature=None,
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 def ar_greedy(model, prompt, max_new_tokens, eos_ids=frozenset()):
@@ -40,7 +48,7 @@ class RandomTreeDrafter(Drafter):
         for _ in range(self.rng.randrange(1, 5)):
             length = self.rng.randrange(1, 6)
             good = self.rng.randrange(length + 1)
-            path = self.truth[done: done + good] + [self.rng.randrange(self.vocab) for _ in range(length - good)]
+            path = self.truth[done : done + good] + [self.rng.randrange(self.vocab) for _ in range(length - good)]
             paths.append(path)
         return DraftTree.from_paths(ctx.root, paths)
 
@@ -108,6 +116,7 @@ def test_sampled_ar_is_reproducible_with_seed(tiny):
         with torch.inference_mode():
             decoder = Decoder(tiny, NoDraft(), frozenset(), Sampling(temperature=0.8, top_p=0.9))
             return decoder.generate([3, 4, 5], 20, torch.Generator().manual_seed(seed)).output_ids
+
     assert sample(1) == sample(1)
     assert sample(1) != sample(2)
 
@@ -116,10 +125,14 @@ def test_sampled_ar_is_reproducible_with_seed(tiny):
 def test_ar_equals_hf_generate_embedded(embedded):
     tok = embedded.tokenizer
     eos = min(embedded.eos_ids)
-    for question in ["Write a Python function that reverses a string.", "Name three prime numbers.",
-                     "Explain what a hash map is in two sentences."]:
-        prompt = tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
-                                         tokenize=True)["input_ids"]
+    for question in [
+        "Write a Python function that reverses a string.",
+        "Name three prime numbers.",
+        "Explain what a hash map is in two sentences.",
+    ]:
+        prompt = tok.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True
+        )["input_ids"]
         gen = ar_greedy(embedded.model, prompt, 48, embedded.eos_ids)
         assert gen.output_ids == hf_greedy(embedded.model, prompt, 48, eos=eos)
 

@@ -11,8 +11,12 @@ from specbench.config import group_options as options
 from specbench.errors import ConfigError, ModelUnavailable
 from specbench.models.loading import load_model, resolve_device, resolve_dtype
 
-PAPER_MODELS = [m for m in options("model") if compose_run(f"model={m}").model.source == "hub"
-                and not OmegaConf.is_missing(compose_run(f"model={m}").model, "path")]
+PAPER_MODELS = [
+    m
+    for m in options("model")
+    if compose_run(f"model={m}").model.source == "hub"
+    and not OmegaConf.is_missing(compose_run(f"model={m}").model, "path")
+]
 
 
 @pytest.fixture
@@ -24,8 +28,18 @@ def no_hub(monkeypatch, tmp_path):
 
 
 def test_paper_model_configs_exist():
-    expected = {"llama_7b", "llama2_7b", "llama2_13b", "llama2_7b_chat", "llama2_13b_chat", "codellama_7b",
-                "codellama_13b", "vicuna_7b", "vicuna_13b", "vicuna_33b"}
+    expected = {
+        "llama_7b",
+        "llama2_7b",
+        "llama2_13b",
+        "llama2_7b_chat",
+        "llama2_13b_chat",
+        "codellama_7b",
+        "codellama_13b",
+        "vicuna_7b",
+        "vicuna_13b",
+        "vicuna_33b",
+    }
     assert expected <= set(PAPER_MODELS)
 
 
@@ -48,12 +62,20 @@ def test_generic_hub_model_needs_a_path(tmp_path):
 
 
 def test_local_path_is_used_directly(tmp_path):
-    from specbench.models.loading import build_tiny_llama
-    from specbench.models.embedded import embedded_checkpoint
     from transformers import AutoTokenizer
 
-    build_tiny_llama(vocab_size=49152, seed=3, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                     num_key_value_heads=1, intermediate_size=64).save_pretrained(tmp_path)
+    from specbench.models.embedded import embedded_checkpoint
+    from specbench.models.loading import build_tiny_llama
+
+    build_tiny_llama(
+        vocab_size=49152,
+        seed=3,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+    ).save_pretrained(tmp_path)
     AutoTokenizer.from_pretrained(embedded_checkpoint()).save_pretrained(tmp_path)
     cfg = OmegaConf.create({"name": "local", "source": "hub", "path": str(tmp_path), "attn_implementation": "sdpa"})
     lm = load_model(cfg, torch.device("cpu"), torch.float32)

@@ -24,7 +24,7 @@ def reference_favourite(tokens: list[int], context: tuple) -> int | None:
     n = len(context)
     successors: dict[int, int] = {}
     for i in range(n, len(tokens)):
-        if tuple(tokens[i - n:i]) == context:
+        if tuple(tokens[i - n : i]) == context:
             successors[tokens[i]] = successors.get(tokens[i], 0) + 1
     if not successors:
         return None
@@ -36,7 +36,7 @@ def reference_predict(tokens: list[int], tail: list[int], levels: tuple) -> int 
     """The first level (in query order) whose context has a successor in ``tokens``, naively."""
     for n in levels:
         if len(tail) >= n - 1:
-            favourite = reference_favourite(tokens, tuple(tail[len(tail) - n + 1:]))
+            favourite = reference_favourite(tokens, tuple(tail[len(tail) - n + 1 :]))
             if favourite is not None:
                 return favourite
     return None
@@ -46,8 +46,7 @@ def test_mln_counts_each_level_once():
     model = mln([1, 2, 3, 1, 2, 4, 1, 2, 3])
     assert model.levels == (3, 2)
     assert counts(model, 2) == {(1,): {2: 3}, (2,): {3: 2, 4: 1}, (3,): {1: 1}, (4,): {1: 1}}
-    assert counts(model, 3) == {(1, 2): {3: 2, 4: 1}, (2, 3): {1: 1}, (3, 1): {2: 1}, (2, 4): {1: 1},
-                                (4, 1): {2: 1}}
+    assert counts(model, 3) == {(1, 2): {3: 2, 4: 1}, (2, 3): {1: 1}, (3, 1): {2: 1}, (2, 4): {1: 1}, (4, 1): {2: 1}}
     # the prompt is fed once: no doubled counts, no wrap-around (3, 1) transition at level 2 from [1, 2, 3]
     assert counts(mln([1, 2, 3]), 2) == {(1,): {2: 1}, (2,): {3: 1}}
     assert model.sizes() == {"n=2": 4, "n=3": 5} and len(model) == 9
@@ -94,8 +93,8 @@ def test_mln_incremental_updates_equal_a_rebuild_and_a_naive_count(seed, multi_l
     tokens = [rng.randrange(6) for _ in range(300)]  # small vocabulary: many repeats and ties
     incremental = mln(tokens[:40], 4, multi_level)
     for start in range(40, len(tokens), 17):
-        incremental.extend(tokens[start:start + 17])
-        seen = tokens[:start + 17]
+        incremental.extend(tokens[start : start + 17])
+        seen = tokens[: start + 17]
         for n in incremental.levels:
             for context, successors in incremental.tables[n].items():
                 assert successors.best == reference_favourite(seen, context)
@@ -103,7 +102,7 @@ def test_mln_incremental_updates_equal_a_rebuild_and_a_naive_count(seed, multi_l
     for n in rebuilt.levels:
         assert counts(incremental, n) == counts(rebuilt, n)
     for end in range(1, len(tokens)):
-        tail = tokens[max(0, end - 3):end]
+        tail = tokens[max(0, end - 3) : end]
         assert rebuilt.predict(tail) == reference_predict(tokens, tail, rebuilt.levels)
 
 
@@ -144,7 +143,7 @@ def test_lookup_finds_only_earlier_occurrences_and_copies_past_the_end():
 def naive_lookup(tokens, k, sizes, first):
     """Scan every earlier occurrence of the longest matching suffix; copy k tokens, repeating past the end."""
     for n in sizes:
-        ends = [e for e in range(n - 1, len(tokens) - 1) if tokens[e - n + 1:e + 1] == tokens[len(tokens) - n:]]
+        ends = [e for e in range(n - 1, len(tokens) - 1) if tokens[e - n + 1 : e + 1] == tokens[len(tokens) - n :]]
         if len(tokens) > n and ends:
             end = ends[0] if first else ends[-1]
             out = []
@@ -179,7 +178,7 @@ def test_first_occurrence_agrees_with_hf_prompt_lookup_where_hf_has_tokens():
         candidates, _ = hf.get_candidates(torch.tensor([tokens[:length]]))
         expected = candidates[0, length:].tolist()
         ours = table.lookup(5)
-        assert ours[:len(expected)] == expected and bool(ours) == bool(expected)
+        assert ours[: len(expected)] == expected and bool(ours) == bool(expected)
         hits += bool(expected)
         table.append(tokens[length])
     assert hits > 50

@@ -40,22 +40,45 @@ def record(sid, seed, steps, out):
 
 def test_table_lists_every_prompt_and_flags_outputs_unequal_to_ar(tmp_path):
     ar = {"p0": [1, 2, 3], "p1": [4, 5]}
-    official = [{"id": "p0", "seed": None, "ar_output_ids": [1, 2, 3]},
-                {"id": "p1", "seed": None, "ar_output_ids": [4, 5]},
-                record("p0", 0, 10, [1, 2, 3]), record("p0", 1, 12, [1, 2, 3]),
-                record("p1", 0, 5, [4, 5]), record("p1", 1, 6, [4, 5])]
-    ours = [record("p0", 0, 11, [1, 2, 3]), record("p0", 1, 11, [1, 2, 3]),
-            record("p1", 0, 5, [4, 5]), record("p1", 1, 7, [4, 9])]  # one output differs from AR
+    official = [
+        {"id": "p0", "seed": None, "ar_output_ids": [1, 2, 3]},
+        {"id": "p1", "seed": None, "ar_output_ids": [4, 5]},
+        record("p0", 0, 10, [1, 2, 3]),
+        record("p0", 1, 12, [1, 2, 3]),
+        record("p1", 0, 5, [4, 5]),
+        record("p1", 1, 6, [4, 5]),
+    ]
+    ours = [
+        record("p0", 0, 11, [1, 2, 3]),
+        record("p0", 1, 11, [1, 2, 3]),
+        record("p1", 0, 5, [4, 5]),
+        record("p1", 1, 7, [4, 9]),
+    ]  # one output differs from AR
     payload = {
-        "command": "python -m specbench.parity lade --seeds 0 1", "finished_at": "now", "wall_min": 1.0,
-        "max_new_tokens": 3, "model_dir": "/m", "seeds": {"official": [0, 1], "ours": [0, 1]},
-        "variants": [{"label": "specbench", "overrides": []}], "patches": ["a patch"],
-        "environment": {"cpu": "cpu", "official": {"lade": "0.0.2", "transformers": "4.34.0", "torch": "t",
-                                                   "python": "3"},
-                        "specbench": {"git_commit": "abc", "git_dirty": False, "transformers": "5", "torch": "t"}},
-        "blocks": [{"setting": "W=7 N=5 G=7", "dataset": "humaneval", "prompts": [["p0", [9]], ["p1", [8, 9]]],
-                    "seeds": {"official": [0, 1], "ours": [0, 1]}, "ar": ar, "official": {"records": official},
-                    "ours": {"specbench": ours}}],
+        "command": "python -m specbench.parity lade --seeds 0 1",
+        "finished_at": "now",
+        "wall_min": 1.0,
+        "max_new_tokens": 3,
+        "model_dir": "/m",
+        "seeds": {"official": [0, 1], "ours": [0, 1]},
+        "variants": [{"label": "specbench", "overrides": []}],
+        "patches": ["a patch"],
+        "environment": {
+            "cpu": "cpu",
+            "official": {"lade": "0.0.2", "transformers": "4.34.0", "torch": "t", "python": "3"},
+            "specbench": {"git_commit": "abc", "git_dirty": False, "transformers": "5", "torch": "t"},
+        },
+        "blocks": [
+            {
+                "setting": "W=7 N=5 G=7",
+                "dataset": "humaneval",
+                "prompts": [["p0", [9]], ["p1", [8, 9]]],
+                "seeds": {"official": [0, 1], "ours": [0, 1]},
+                "ar": ar,
+                "official": {"records": official},
+                "ours": {"specbench": ours},
+            }
+        ],
     }
     out = tmp_path / "lade.md"
     parity.write_table(out, payload)

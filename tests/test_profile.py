@@ -10,14 +10,23 @@ from pathlib import Path
 
 import pytest
 import torch
-from specbench.config import compose_config
 
+from specbench.config import compose_config
 from specbench.core.tree import flatten
 from specbench.core.verify import cache_length
 from specbench.models.embedded import embedded_checkpoint
 from specbench.models.loading import build_tiny_llama
-from specbench.profile import (CSV_FIELDS, MASKS, critical_length, format_report, measure, plot,
-                               prefilled_cache, probe_tree, profile_latency)
+from specbench.profile import (
+    CSV_FIELDS,
+    MASKS,
+    critical_length,
+    format_report,
+    measure,
+    plot,
+    prefilled_cache,
+    probe_tree,
+    profile_latency,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
@@ -26,8 +35,15 @@ CPU = torch.device("cpu")
 @pytest.fixture(scope="module")
 def tiny():
     """A tiny random Llama on CPU (vocab 256)."""
-    return build_tiny_llama(vocab_size=256, seed=0, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                            num_key_value_heads=2, intermediate_size=64)
+    return build_tiny_llama(
+        vocab_size=256,
+        seed=0,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +74,9 @@ def test_measure_restores_the_cache_to_the_context(tiny):
         cache = prefilled_cache(tiny, 7, torch.Generator().manual_seed(0))
         before = [layer.keys.clone() for layer in cache.layers]
         lengths = []
-        timings = measure(tiny, cache, trees, repeats=2, warmup=1, device=CPU,
-                          on_forward=lambda: lengths.append(cache_length(cache)))
+        timings = measure(
+            tiny, cache, trees, repeats=2, warmup=1, device=CPU, on_forward=lambda: lengths.append(cache_length(cache))
+        )
     assert [len(t) for t in timings] == [2, 2] and lengths == [7] * 6
     assert all(torch.equal(layer.keys, old) for layer, old in zip(cache.layers, before))
 
@@ -81,9 +98,21 @@ def test_plot_writes_a_png(rows, tmp_path):
 
 def test_report_shows_ratios_and_critical_length():
     """Ratios are relative to the n=1 chain step; the critical length is the last n within tolerance."""
-    rows = [{"model": "m", "device_name": "d", "dtype": "float32", "context_length": 8, "num_tokens": n,
-             "mask": mask, "median_ms": ms, "min_ms": ms, "repeats": 1}
-            for n, ms in ((1, 10.0), (2, 10.5), (4, 20.0)) for mask in MASKS]
+    rows = [
+        {
+            "model": "m",
+            "device_name": "d",
+            "dtype": "float32",
+            "context_length": 8,
+            "num_tokens": n,
+            "mask": mask,
+            "median_ms": ms,
+            "min_ms": ms,
+            "repeats": 1,
+        }
+        for n, ms in ((1, 10.0), (2, 10.5), (4, 20.0))
+        for mask in MASKS
+    ]
     report = format_report(rows, tolerance=1.1)
     assert "2.00" in report and "critical decoding length (chain <= 1.1x): 2" in report
     assert critical_length([1, 2, 4], [1.0, 1.05, 2.0], 1.1) == 2
@@ -104,8 +133,18 @@ def test_app_end_to_end_on_the_tiny_model(tmp_path):
     except FileNotFoundError as err:
         pytest.skip(str(err))
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "specbench.profile", "model=tiny_llama", "device=cpu", "context_lengths=[8]",
-           "num_tokens=[1,4]", "repeats=1", "warmup=0", f"output_dir={out}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "specbench.profile",
+        "model=tiny_llama",
+        "device=cpu",
+        "context_lengths=[8]",
+        "num_tokens=[1,4]",
+        "repeats=1",
+        "warmup=0",
+        f"output_dir={out}",
+    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

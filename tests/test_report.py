@@ -137,13 +137,16 @@ def test_exact_match_rate_and_first_divergence():
     assert by_sample.loc[["s0", "s2"], "exact_match"].all()
 
 
-@pytest.mark.parametrize("output, reference, expected", [
-    ([1, 2, 3], [1, 2, 3], -1),
-    ([1, 2, 3], [1, 5, 3], 1),
-    ([1, 2], [1, 2, 3], 2),
-    ([1, 2, 3, 4], [1, 2], 2),
-    ([], [7], 0),
-])
+@pytest.mark.parametrize(
+    "output, reference, expected",
+    [
+        ([1, 2, 3], [1, 2, 3], -1),
+        ([1, 2, 3], [1, 5, 3], 1),
+        ([1, 2], [1, 2, 3], 2),
+        ([1, 2, 3, 4], [1, 2], 2),
+        ([], [7], 0),
+    ],
+)
 def test_first_divergence(output, reference, expected):
     """Equal, differing, prefix and empty outputs give the documented index."""
     assert report.first_divergence(output, reference) == expected
@@ -175,8 +178,13 @@ def test_cli_prints_table_divergences_and_csv(tmp_path, capsys):
 
 def test_cli_runs_as_a_module():
     """``python -m specbench.report`` runs and prints the table."""
-    done = subprocess.run([sys.executable, "-m", "specbench.report", str(RUNS / "ar_humaneval")],
-                          cwd=REPO, capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "specbench.report", str(RUNS / "ar_humaneval")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "ar_humaneval" in done.stdout and " ar " in done.stdout
 
 
@@ -237,8 +245,14 @@ def test_by_category_pairs_each_category_with_its_ar_part(tmp_path, capsys):
     frame = report.table([_categorized_copies(tmp_path)], by="category")
     fake_a, fake_b = _row(frame, "fake_humaneval#a"), _row(frame, "fake_humaneval#b")
     assert (fake_a["dataset"], fake_a["n_samples"], fake_b["n_samples"]) == ("humaneval/a", 2, 2)
-    assert Path(report.match_ar(*report.load([tmp_path], by="category")).set_index("run_dir").loc[
-        fake_a["run_dir"], "ar_run_dir"]).name == "ar_humaneval#a"
+    assert (
+        Path(
+            report.match_ar(*report.load([tmp_path], by="category"))
+            .set_index("run_dir")
+            .loc[fake_a["run_dir"], "ar_run_dir"]
+        ).name
+        == "ar_humaneval#a"
+    )
     # a: s0 + s2 = 7 tokens in 0.35 s vs AR's 7 in 0.7 s; b: only s1 is common (5 in 0.25 vs 5 in 0.5)
     assert fake_a["speedup"] == pytest.approx(2.0) and fake_b["speedup"] == pytest.approx(2.0)
     assert (fake_a["exact_match_rate"], fake_b["exact_match_rate"]) == (1.0, 0.0)

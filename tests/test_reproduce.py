@@ -84,8 +84,9 @@ def test_paper_values_are_complete_rows():
 
 
 def test_settings_compare_as_values_not_text():
-    assert parse_setting("method.drafter.threshold=0.50;method.drafter.nodes=50") == \
-        parse_setting("method.drafter.nodes=50;method.drafter.threshold=0.5")
+    assert parse_setting("method.drafter.threshold=0.50;method.drafter.nodes=50") == parse_setting(
+        "method.drafter.nodes=50;method.drafter.threshold=0.5"
+    )
     assert parse_setting("") == {}
 
 
@@ -111,15 +112,27 @@ def test_rows_with_a_setting_match_only_that_setting(fixture_results):
     row = row.assign(dataset="dolly", setting="method.drafter.output_node_capacity_factor=4", unfillable="")
     compared = compare(row, results, by_category, "smollm2_135m")
     runs = results.runs
-    expected = runs[(runs["method"] == "lookahead") & (runs["setting"] == "method.drafter.output_node_capacity_factor=4")]
+    expected = runs[
+        (runs["method"] == "lookahead") & (runs["setting"] == "method.drafter.output_node_capacity_factor=4")
+    ]
     assert compared["measured"].iloc[0] == pytest.approx(expected["throughput_total"].iloc[0])
 
 
 @pytest.mark.slow
 def test_an_experiment_runs_as_a_multirun_and_pairs_with_its_ar_run(tmp_path):
-    command = [sys.executable, "-m", "specbench", "--multirun", "+experiment=smoke/r2_table1_code",
-               "model=tiny_llama", "limit=1", "max_new_tokens=4", "warmup=0", "progress=false",
-               f"results_root={tmp_path}"]
+    command = [
+        sys.executable,
+        "-m",
+        "specbench",
+        "--multirun",
+        "+experiment=smoke/r2_table1_code",
+        "model=tiny_llama",
+        "limit=1",
+        "max_new_tokens=4",
+        "warmup=0",
+        "progress=false",
+        f"results_root={tmp_path}",
+    ]
     subprocess.run(command, cwd=ROOT, check=True, capture_output=True)
     results = load_results(tmp_path)
     assert sorted(results.runs["method"]) == ["anpd", "ar"]

@@ -31,39 +31,53 @@ def covered(paper_jobs):
 def test_every_paper_row_is_filled_by_a_job_or_says_why_not(covered):
     missing = covered[covered["status"] == "missing"]
     stale = covered[covered["status"] == "stale reason"]
-    assert missing.empty, "rows with neither a job nor a reason:\n" + missing[["paper", "table", "paper_model",
-                                                                              "paper_method", "metric"]].to_string()
-    assert stale.empty, "rows filled by a job that still carry an unfillable reason:\n" + stale[
-        ["paper", "table", "paper_model", "paper_method", "experiments"]].to_string()
+    assert missing.empty, (
+        "rows with neither a job nor a reason:\n"
+        + missing[["paper", "table", "paper_model", "paper_method", "metric"]].to_string()
+    )
+    assert stale.empty, (
+        "rows filled by a job that still carry an unfillable reason:\n"
+        + stale[["paper", "table", "paper_model", "paper_method", "experiments"]].to_string()
+    )
     reasons = covered.loc[covered["status"] == "unfillable", "unfillable"]
     assert (reasons.str.len() > 25).all()  # a sentence, not a tag
 
 
-@pytest.mark.parametrize("paper,table,paper_method,experiment", [
-    ("self_draft", "Table 2", "LADE", "r1_table2_chat_13b"),   # 13B LADE at (W, N, G) = (10, 5, 10)
-    ("medusa", "Table 1", "Medusa-2", "r4_medusa2"),
-    ("medusa", "Fig 4b", "Medusa-2", "r4_medusa2"),
-    ("lookahead", "PIA README", "lookahead", "r5_pia_readme"),
-])
+@pytest.mark.parametrize(
+    "paper,table,paper_method,experiment",
+    [
+        ("self_draft", "Table 2", "LADE", "r1_table2_chat_13b"),  # 13B LADE at (W, N, G) = (10, 5, 10)
+        ("medusa", "Table 1", "Medusa-2", "r4_medusa2"),
+        ("medusa", "Fig 4b", "Medusa-2", "r4_medusa2"),
+        ("lookahead", "PIA README", "lookahead", "r5_pia_readme"),
+    ],
+)
 def test_rows_that_had_no_job_now_have_the_papers_setting(covered, paper, table, paper_method, experiment):
-    rows = covered[(covered["paper"] == paper) & (covered["table"] == table)
-                   & (covered["paper_method"] == paper_method) & (covered["status"] == "filled")]
+    rows = covered[
+        (covered["paper"] == paper)
+        & (covered["table"] == table)
+        & (covered["paper_method"] == paper_method)
+        & (covered["status"] == "filled")
+    ]
     assert len(rows) and rows["experiments"].str.contains(experiment).any()
 
 
 def test_lade_13b_rows_run_the_13b_setting(paper_jobs):
     lade = [job for job in paper_jobs if job.method.startswith("lade") and job.experiment.startswith("r1_table2")]
     assert {(job.model.endswith("13b"), job.method) for job in lade} == {(False, "lade"), (True, "lade_13b")}
-    cfg = job_config(["+experiment=paper/r1_table2_chat_13b", "model=llama_13b", "method=lade_13b",
-                      "dataset=mt_bench"])
-    assert (cfg.method.drafter.window_size, cfg.method.drafter.guess_set_size, cfg.method.drafter.ngram_size) == \
-        (10, 10, 5)
+    cfg = job_config(["+experiment=paper/r1_table2_chat_13b", "model=llama_13b", "method=lade_13b", "dataset=mt_bench"])
+    assert (cfg.method.drafter.window_size, cfg.method.drafter.guess_set_size, cfg.method.drafter.ngram_size) == (
+        10,
+        10,
+        5,
+    )
 
 
 def test_pia_readme_jobs_warm_up_from_their_own_dataset(paper_jobs):
     jobs = [job for job in paper_jobs if job.experiment == "r5_pia_readme"]
-    assert {job.setting for job in jobs} == {f"method.drafter.branch_length=8;method.drafter.warmup.dataset={name}"
-                                             for name in ("dolly", "gsm8k")}
+    assert {job.setting for job in jobs} == {
+        f"method.drafter.branch_length=8;method.drafter.warmup.dataset={name}" for name in ("dolly", "gsm8k")
+    }
     assert {job.limit for job in jobs} == {1000}
 
 
@@ -91,8 +105,10 @@ def test_cost_of_an_ar_job_is_tokens_times_the_papers_time_per_token():
     per_job = estimate(jobs, latency)
     ar = per_job[[job.method == "ar" and job.model == "vicuna_7b" for job in jobs]].iloc[0]
     assert ar["samples"] == 160 and ar["generated_tokens"] == (80 + 1) * 2 * 1024  # + one warm-up question
-    per_token = 1 / paper_number(paper_values(), {"paper": "self_draft", "table": "Table 2", "model": "llama_7b",
-                                                  "dataset": "gsm100", "metric": "throughput"})
+    per_token = 1 / paper_number(
+        paper_values(),
+        {"paper": "self_draft", "table": "Table 2", "model": "llama_7b", "dataset": "gsm100", "metric": "throughput"},
+    )
     assert ar["gpu_hours"] == pytest.approx(ar["generated_tokens"] * per_token / 3600)
     medusa = per_job[[job.method == "medusa" for job in jobs]]
     assert (medusa["forwards"] < medusa["generated_tokens"]).all()
@@ -102,9 +118,20 @@ def test_cost_of_an_ar_job_is_tokens_times_the_papers_time_per_token():
 
 
 def test_a_measured_profile_of_the_named_gpu_replaces_the_assumption(tmp_path):
-    rows = [{"model": "vicuna_7b", "device_name": "cuda: NVIDIA A100-SXM4-80GB", "dtype": "float16",
-             "context_length": 256, "num_tokens": n, "mask": "tree", "median_ms": ms, "min_ms": ms, "repeats": 5}
-            for n, ms in ((1, 20.0), (64, 26.0))]
+    rows = [
+        {
+            "model": "vicuna_7b",
+            "device_name": "cuda: NVIDIA A100-SXM4-80GB",
+            "dtype": "float16",
+            "context_length": 256,
+            "num_tokens": n,
+            "mask": "tree",
+            "median_ms": ms,
+            "min_ms": ms,
+            "repeats": 5,
+        }
+        for n, ms in ((1, 20.0), (64, 26.0))
+    ]
     (tmp_path / "vicuna_7b").mkdir()
     pd.DataFrame(rows).to_csv(tmp_path / "vicuna_7b" / "latency_cuda_float16.csv", index=False)
     latency = LatencyModel("a100", tmp_path)
@@ -137,6 +164,8 @@ def test_stored_smoke_runs_keep_their_folders_and_config_digests():
         summary = root / job.folder / "summary.json"
         if summary.is_file() and json.loads(summary.read_text())["config_digest"] != job.digest:
             changed.append(job.folder)
-    assert not changed, (f"{len(changed)} stored smoke run(s) no longer match their job's configuration (the "
-                         f"next make reproduce-tables stops on them): restore the config, or rerun those runs "
-                         f"into a fresh results folder and replace them:\n" + "\n".join(changed))
+    assert not changed, (
+        f"{len(changed)} stored smoke run(s) no longer match their job's configuration (the "
+        f"next make reproduce-tables stops on them): restore the config, or rerun those runs "
+        f"into a fresh results folder and replace them:\n" + "\n".join(changed)
+    )

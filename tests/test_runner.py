@@ -117,8 +117,7 @@ def test_hf_generate_engine_matches_ar(tmp_path):
 def test_killed_run_resumes_without_losses_or_duplicates(tmp_path, sig):
     """Kill a CLI run mid-way, rerun the same command: finished samples kept, none duplicated; Ctrl-C and
     SIGTERM leave status "interrupted" (exit 130 / 143), kill -9 a stale lock that the rerun takes over."""
-    cmd = [sys.executable, "-m", "specbench", *TINY, "max_new_tokens=48", "limit=8",
-           f"output_dir={tmp_path}"]
+    cmd = [sys.executable, "-m", "specbench", *TINY, "max_new_tokens=48", "limit=8", f"output_dir={tmp_path}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     samples = tmp_path / "samples.jsonl"
@@ -147,12 +146,22 @@ def test_killed_run_resumes_without_losses_or_duplicates(tmp_path, sig):
 
 @pytest.mark.slow
 def test_cli_prints_table_and_user_errors_have_no_traceback(tmp_path):
-    ok = subprocess.run([sys.executable, "-m", "specbench", *TINY, "limit=1", f"output_dir={tmp_path}"],
-                        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    ok = subprocess.run(
+        [sys.executable, "-m", "specbench", *TINY, "limit=1", f"output_dir={tmp_path}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert ok.returncode == 0, ok.stderr
     assert "tok/s" in ok.stdout and "tiny_llama" in ok.stdout
-    bad = subprocess.run([sys.executable, "-m", "specbench", *TINY, "max_new_tokens=0",
-                          f"output_dir={tmp_path / 'x'}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    bad = subprocess.run(
+        [sys.executable, "-m", "specbench", *TINY, "max_new_tokens=0", f"output_dir={tmp_path / 'x'}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert bad.returncode == 2
     assert bad.stderr.startswith("error: invalid run settings") and "Traceback" not in bad.stderr
 
@@ -179,8 +188,15 @@ def test_local_weights_through_the_generic_hub_model(tmp_path):
     from specbench.models.loading import build_tiny_llama
 
     weights = tmp_path / "weights"
-    build_tiny_llama(vocab_size=49152, seed=4, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                     num_key_value_heads=1, intermediate_size=64).save_pretrained(weights)
+    build_tiny_llama(
+        vocab_size=49152,
+        seed=4,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+    ).save_pretrained(weights)
     AutoTokenizer.from_pretrained(embedded_checkpoint()).save_pretrained(weights)
     out = run(tmp_path / "out", "model=hub", f"model.path={weights}", "model.name=my_model", "limit=1")
     summary = json.loads((out / "summary.json").read_text())
@@ -189,13 +205,17 @@ def test_local_weights_through_the_generic_hub_model(tmp_path):
 
 
 def test_digest_ignores_where_local_inputs_live():
-    """A clone on another machine (other data_dir / corpus path / GPU layout) resumes the same runs; a knob change does not."""
+    """A clone on another machine (other data_dir / corpus path / GPU layout) resumes the same runs; a knob change
+    does not."""
+
     def digest(*overrides):
         cfg = compose_run(*TINY, "method=self_draft", *overrides)
         return config_digest(cfg, torch.device("cpu"), torch.float32)
 
     base = digest("data_dir=/a", "method.drafter.corpus.files=/a/corpus")
     assert digest("data_dir=/b", "method.drafter.corpus.files=/b/corpus") == base
-    assert digest("data_dir=/a", "method.drafter.corpus.files=/a/corpus", "model.device_map=auto",
-                  "step_breakdown=false") == base  # layer placement and timing detail, not results
+    assert (
+        digest("data_dir=/a", "method.drafter.corpus.files=/a/corpus", "model.device_map=auto", "step_breakdown=false")
+        == base
+    )  # layer placement and timing detail, not results
     assert digest("data_dir=/a", "method.drafter.corpus.files=/a/corpus", "method.drafter.branch_len=4") != base

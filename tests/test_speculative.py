@@ -17,11 +17,11 @@ import torch
 
 from specbench.core import speculative
 from specbench.core.acceptance import Acceptance, Sampling, accept_match, target_probs
+from specbench.core.drafter import Drafter
 from specbench.core.loop import Decoder
 from specbench.core.rules import acceptance_rule
 from specbench.core.speculative import accept_speculative
 from specbench.core.tree import DraftTree
-from specbench.core.drafter import Drafter
 from tests.helpers import chi_square, draw_without_replacement, exact_joint, sampled_outputs
 
 VOCAB = 5
@@ -34,7 +34,7 @@ LOOP_TRIALS = 1000  # Decoder.generate calls (each a prefill and one or two tree
 class Markov2:
     """A fake LM over VOCAB tokens whose next-token logits depend on the last two tokens."""
 
-    def __init__(self, seed: int, scale: float, base: "Markov2 | None" = None, noise: float = 0.0):
+    def __init__(self, seed: int, scale: float, base: Markov2 | None = None, noise: float = 0.0):
         generator = torch.Generator().manual_seed(seed)
         table = torch.randn(VOCAB, VOCAB, VOCAB, generator=generator) * scale  # [prev2, prev1, vocab]
         self.table = base.table + noise * table if base is not None else table
@@ -103,13 +103,15 @@ def top_k_tree(draft: Markov2, context: list[int], branching: list[int]) -> Draf
     """A deterministic tree (OPT-Tree style top-k of the raw draft per node); no draft_probs."""
     paths = [[]]
     for width in branching:
-        paths = [path + [token] for path in paths
-                 for token in draft.logits(list(context) + path).topk(width).indices.tolist()]
+        paths = [
+            path + [token]
+            for path in paths
+            for token in draft.logits(list(context) + path).topk(width).indices.tolist()
+        ]
     return DraftTree.from_paths(context[-1], paths)
 
 
-def emitted_counts(rule, propose, target: Markov2, sampling: Sampling, length: int, trials: int,
-                   seed: int) -> Counter:
+def emitted_counts(rule, propose, target: Markov2, sampling: Sampling, length: int, trials: int, seed: int) -> Counter:
     """Counts of the first ``length`` tokens emitted by repeated propose -> rule steps from PROMPT."""
     generator = torch.Generator().manual_seed(seed)
     counts = Counter()
@@ -118,7 +120,7 @@ def emitted_counts(rule, propose, target: Markov2, sampling: Sampling, length: i
         while len(context) < len(PROMPT) + length:
             tree = propose(context, generator)
             context += rule(tree, target.tree_logits(context, tree), sampling, generator).emitted(tree)
-        counts[tuple(context[len(PROMPT): len(PROMPT) + length])] += 1
+        counts[tuple(context[len(PROMPT) : len(PROMPT) + length])] += 1
     return counts
 
 
@@ -229,6 +231,7 @@ class RandomQDrafter(Drafter):
     def propose(self, ctx):
         def random_q(path):
             return torch.softmax(2 * torch.randn(self.vocab, generator=ctx.generator), -1)  # [vocab]
+
         return sampled_tree([ctx.root], self.branching, random_q, ctx.generator)
 
 

@@ -18,7 +18,9 @@ from tests.helpers import method_options
 
 METHODS = method_options(engine="loop")  # every method of the shared loop, from conf/method
 EXTRA_OVERRIDES = {  # what the tiny model lacks: a corpus cache to build, a trained draft's rank profile
-    "self_draft": ["+self_draft_cache=no_corpus"], "static_tree": ["method.drafter.rank_hits=[0.5,0.2,0.1,0.05]"]}
+    "self_draft": ["+self_draft_cache=no_corpus"],
+    "static_tree": ["method.drafter.rank_hits=[0.5,0.2,0.1,0.05]"],
+}
 PROMPT = [5, 9, 23, 5, 9, 23, 5, 9, 41, 7, 5, 9, 23]
 
 
@@ -70,8 +72,17 @@ def test_auto_is_on_for_cpu_and_off_for_cuda():
 
 def run_records(tmp_path, *overrides) -> tuple[list[dict], dict]:
     """samples.jsonl records and summary metrics of a 2-sample Lookahead run on the tiny model."""
-    cfg = compose_config("model=tiny_llama", "method=lookahead", "max_new_tokens=16", "limit=2", "warmup=0",
-                         "progress=false", "data_dir=null", f"output_dir={tmp_path}", *overrides)
+    cfg = compose_config(
+        "model=tiny_llama",
+        "method=lookahead",
+        "max_new_tokens=16",
+        "limit=2",
+        "warmup=0",
+        "progress=false",
+        "data_dir=null",
+        f"output_dir={tmp_path}",
+        *overrides,
+    )
     out = Runner(cfg).run()
     lines = (out / "samples.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines], json.loads((out / "summary.json").read_text())["metrics"]
@@ -108,11 +119,30 @@ def test_bad_step_breakdown_is_rejected_before_loading(tmp_path):
 
 def test_records_of_the_previous_schema_are_read_with_the_new_fields_null():
     """specbench.samples/1 records (before the breakdown) validate and upgrade with null phase fields."""
-    old = {"schema": "specbench.samples/1", "new_tokens": 3, "wall_s": 1.0, "prefill_s": 0.1,
-           "target_forwards": 2, "draft_tokens": [1, 1], "step_s": [0.4, 0.5], "verify_s": [0.3, 0.4]}
-    sample_fields = {"run_id": "r", "sample_id": "s", "turn": 0, "n_turns": 1, "category": None,
-                     "fine_category": None, "prompt_tokens": 4, "output_ids": [1, 2, 3], "output_text": "",
-                     "accept_lengths": [1, 1], "stop_reason": "eos", "drafter_stats": {}}
+    old = {
+        "schema": "specbench.samples/1",
+        "new_tokens": 3,
+        "wall_s": 1.0,
+        "prefill_s": 0.1,
+        "target_forwards": 2,
+        "draft_tokens": [1, 1],
+        "step_s": [0.4, 0.5],
+        "verify_s": [0.3, 0.4],
+    }
+    sample_fields = {
+        "run_id": "r",
+        "sample_id": "s",
+        "turn": 0,
+        "n_turns": 1,
+        "category": None,
+        "fine_category": None,
+        "prompt_tokens": 4,
+        "output_ids": [1, 2, 3],
+        "output_text": "",
+        "accept_lengths": [1, 1],
+        "stop_reason": "eos",
+        "drafter_stats": {},
+    }
     record = {**old, **sample_fields}
     validate_record(record)
     upgraded = upgrade_record(record)

@@ -30,8 +30,13 @@ def test_insert_windows_and_retrieve_with_two_token_query():
     draft = memory.retrieve([1, 2], decoding_length=64, max_depth=3)
     assert (draft.tokens, draft.parents, draft.query_length) == ([2, 3, 4, 5], chain([2, 3, 4, 5]), 2)
     assert memory.retrieve([9, 8], decoding_length=64, max_depth=3).tokens == [8]  # nothing known
-    assert memory.sizes() == {"trie_count": 5, "nodes": 4 + 4 + 3 + 2 + 1, "input_nodes": 0,
-                              "output_nodes": 14, "prune_passes": 0}
+    assert memory.sizes() == {
+        "trie_count": 5,
+        "nodes": 4 + 4 + 3 + 2 + 1,
+        "input_nodes": 0,
+        "output_nodes": 14,
+        "prune_passes": 0,
+    }
 
 
 def test_stream_output_waits_for_full_windows_then_flushes_at_request_end():
@@ -147,7 +152,7 @@ def test_selection_respects_budget_and_forms_a_valid_tree(seed):
         assert len(draft.tokens) <= max(decoding_length, 1) and draft.tokens[0] == query[-1]
         tree = DraftTree(draft.tokens, draft.parents)  # validates parent order
         assert max(tree.depths) <= max_depth
-        start = memory.match(query[-draft.query_length:]) if draft.query_length else None
+        start = memory.match(query[-draft.query_length :]) if draft.query_length else None
         if start is None:
             assert draft.num_drafted == 0
             continue
@@ -164,7 +169,7 @@ def test_selection_respects_budget_and_forms_a_valid_tree(seed):
 @pytest.mark.parametrize("seed", range(6))
 def test_best_first_thresholds_equal_a_full_sort(seed):
     memory = random_memory(seed)
-    for first, trie in memory.mem.items():
+    for trie in memory.mem.values():
         for decoding_length in (4, 16):
             pool = list(candidates(trie, memory.branch_length))
             out_min, mix_min = memory.thresholds(trie, decoding_length, memory.branch_length)

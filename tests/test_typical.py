@@ -37,7 +37,8 @@ def test_threshold_formula(probs):
     got = typical_threshold(torch.tensor(probs), 0.09, 0.3)
     assert float(got) == pytest.approx(medusa_threshold(probs), rel=1e-5)
     assert float(typical_threshold(torch.tensor(probs), 0.5, 1.0)) == pytest.approx(
-        medusa_threshold(probs, 0.5, 1.0), rel=1e-5)
+        medusa_threshold(probs, 0.5, 1.0), rel=1e-5
+    )
 
 
 def test_threshold_uses_entropy_branch_for_flat_rows():
@@ -49,12 +50,12 @@ def test_fast_mode_picks_deepest_typical_path_then_likelihood():
     # nodes: 0 root, 1 '1', 2 '1 2', 3 '3', 4 '3 4', 5 '3 5'
     tree = DraftTree.from_paths(9, [[1, 2], [3, 4], [3, 5]])
     rows = [
-        [0.05, 0.5, 0.05, 0.3, 0.05, 0.05],    # root: tokens 1 (0.5) and 3 (0.3) pass (threshold 0.09)
-        [0.9, 0.02, 0.02, 0.02, 0.02, 0.02],   # after '1': token 2 at 0.02 fails
+        [0.05, 0.5, 0.05, 0.3, 0.05, 0.05],  # root: tokens 1 (0.5) and 3 (0.3) pass (threshold 0.09)
+        [0.9, 0.02, 0.02, 0.02, 0.02, 0.02],  # after '1': token 2 at 0.02 fails
         [1 / 6] * 6,
         [0.05, 0.05, 0.025, 0.025, 0.4, 0.45],  # after '3': tokens 4 (0.4) and 5 (0.45) pass
         [1 / 6] * 6,
-        [0.1, 0.1, 0.5, 0.1, 0.1, 0.1],        # after '3 5': argmax 2 is the emitted token
+        [0.1, 0.1, 0.5, 0.1, 0.1, 0.1],  # after '3 5': argmax 2 is the emitted token
     ]
     result = accept_typical(tree, rows_from_probs(rows), T1)
     assert result.path == [0, 3, 5]  # depth 2 beats the likelier depth-1 '1'; 0.45 beats 0.4
@@ -91,8 +92,10 @@ def random_case(rng: random.Random, vocab: int = 8) -> tuple[DraftTree, torch.Te
     greedy = []
     for _ in range(3):
         greedy.append(int(logits_after(greedy).argmax()))
-    paths = [greedy[: rng.randrange(4)] + [rng.randrange(vocab) for _ in range(rng.randrange(1, 3))]
-             for _ in range(rng.randrange(1, 5))]
+    paths = [
+        greedy[: rng.randrange(4)] + [rng.randrange(vocab) for _ in range(rng.randrange(1, 3))]
+        for _ in range(rng.randrange(1, 5))
+    ]
     tree = DraftTree.from_paths(0, paths)
     node_paths = [[]]
     for token, parent in zip(tree.tokens[1:], tree.parents[1:]):
@@ -137,8 +140,10 @@ def test_sampled_mode_is_exact_for_the_truncated_law_and_lossy_for_the_target():
 def test_fast_mode_is_deterministic_hence_lossy():
     """No random draw: at T = 1 the emitted token is always the argmax, never a target sample."""
     logits = rows_from_probs([[0.4, 0.35, 0.25]])
-    tokens = {accept_typical(DraftTree.root_only(0), logits, T1, torch.Generator().manual_seed(s)).next_token
-              for s in range(20)}
+    tokens = {
+        accept_typical(DraftTree.root_only(0), logits, T1, torch.Generator().manual_seed(s)).next_token
+        for s in range(20)
+    }
     assert tokens == {0}
 
 

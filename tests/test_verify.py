@@ -126,7 +126,14 @@ def test_sliding_window_caches_are_refused_clearly():
 
     from specbench.errors import ConfigError
 
-    config = MistralConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                           num_attention_heads=2, num_key_value_heads=1, sliding_window=8)
+    config = MistralConfig(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        sliding_window=8,
+    )
     with pytest.raises(ConfigError, match="full-attention"):
         new_cache(MistralForCausalLM(config))

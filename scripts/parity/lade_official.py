@@ -43,11 +43,10 @@ def main(job_path: str) -> int:
     with open(job_path) as f:
         job = json.load(f)
 
+    import lade
     import torch
     import transformers
     from transformers import AutoConfig, LlamaForCausalLM
-
-    import lade
 
     torch.set_grad_enabled(False)
 
@@ -84,8 +83,13 @@ def main(job_path: str) -> int:
     model.eval()
 
     import importlib.metadata as md
-    versions = {"lade": md.version("lade"), "transformers": transformers.__version__, "torch": torch.__version__,
-                "python": sys.version.split()[0]}
+
+    versions = {
+        "lade": md.version("lade"),
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+    }
     save = job.get("save") or {}
 
     def keep(record: dict) -> None:
@@ -99,8 +103,13 @@ def main(job_path: str) -> int:
             os.replace(path + ".tmp", path)
 
     eos = list(job["eos_ids"])
-    common = dict(max_new_tokens=job["max_new_tokens"], do_sample=False, num_beams=1,
-                  eos_token_id=eos[0] if len(eos) == 1 else eos, pad_token_id=eos[0])
+    common = dict(
+        max_new_tokens=job["max_new_tokens"],
+        do_sample=False,
+        num_beams=1,
+        eos_token_id=eos[0] if len(eos) == 1 else eos,
+        pad_token_id=eos[0],
+    )
     records = []
     for prompt in job["prompts"]:
         ids = torch.tensor([prompt["ids"]], dtype=torch.long)
@@ -109,8 +118,13 @@ def main(job_path: str) -> int:
             os.environ["USE_LADE"] = "0"
             out = model.generate(ids, attention_mask=mask, **common)
             os.environ["USE_LADE"] = "1"
-            keep({"id": prompt["id"], "seed": None,
-                            "ar_output_ids": out[0, ids.shape[1]:].tolist()[:job["max_new_tokens"]]})
+            keep(
+                {
+                    "id": prompt["id"],
+                    "seed": None,
+                    "ar_output_ids": out[0, ids.shape[1] :].tolist()[: job["max_new_tokens"]],
+                }
+            )
         for seed in job["seeds"]:
             state["seed"] = seed
             trace["lengths"] = []
@@ -118,16 +132,27 @@ def main(job_path: str) -> int:
             out = model.generate(ids, attention_mask=mask, **common)
             wall = time.perf_counter() - start
             lengths = trace["lengths"]
-            output = out[0, ids.shape[1]:].tolist()[:job["max_new_tokens"]]
+            output = out[0, ids.shape[1] :].tolist()[: job["max_new_tokens"]]
             # the mask grows by the tokens a step appended: call k+1's length - call k's length
             # (the prefill's first token included); the last step appended what the output still lacks
             grown = [b - a for a, b in zip(lengths, lengths[1:])]
             accept = grown[1:] + [len(output) - sum(grown)]
-            keep({"id": prompt["id"], "seed": seed, "forwards": len(lengths),
-                            "steps": len(lengths) - 1, "accept_lengths": accept, "output_ids": output,
-                            "wall_s": round(wall, 3)})
-            print(f"[official] {prompt['id']} seed={seed}: {len(lengths) - 1} steps, {len(output)} tokens, "
-                  f"{wall:.1f} s", file=sys.stderr, flush=True)
+            keep(
+                {
+                    "id": prompt["id"],
+                    "seed": seed,
+                    "forwards": len(lengths),
+                    "steps": len(lengths) - 1,
+                    "accept_lengths": accept,
+                    "output_ids": output,
+                    "wall_s": round(wall, 3),
+                }
+            )
+            print(
+                f"[official] {prompt['id']} seed={seed}: {len(lengths) - 1} steps, {len(output)} tokens, {wall:.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
 
     json.dump({"versions": versions, "patches": PATCHES, "records": records}, sys.stdout)
     return 0

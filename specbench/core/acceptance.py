@@ -78,7 +78,10 @@ def accept_match(
     """
     if sampling.greedy:
         picks = logits.argmax(dim=-1).tolist()  # [num_nodes]; one device sync for the whole tree
-        pick = picks.__getitem__
+
+        def pick(node: int) -> int:
+            return picks[node]
+
     else:
         rows = logits.cpu()  # [num_nodes, vocab]
 

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -23,6 +23,9 @@ from specbench.core.acceptance import Acceptance
 from specbench.core.tree import DraftTree
 from specbench.core.verify import VerifyOutput
 from specbench.errors import ConfigError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 @dataclass
@@ -119,7 +122,7 @@ class Drafter:
     def __init__(self) -> None:
         self.books = DrafterBooks(self.COUNTERS)
 
-    def setup(self, target: torch.nn.Module, tokenizer: Any) -> None:
+    def setup(self, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None) -> None:
         """Bind to the target model once per run (load draft models, build caches)."""
 
     def start(self, prompt_ids: list[int]) -> None:
@@ -170,8 +173,12 @@ def knob_number(
     key: str, value: object, lowest: float, highest: float | None = None, symbol: str | None = None
 ) -> float:
     """``value`` as a float in [lowest, highest], else a ConfigError naming ``method.drafter.<key>``."""
-    ok = not isinstance(value, bool) and isinstance(value, (int, float))
-    if not ok or value < lowest or (highest is not None and value > highest):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or value < lowest
+        or (highest is not None and value > highest)
+    ):
         bounds = f">= {lowest}" if highest is None else f"in [{lowest}, {highest}]"
         raise ConfigError(f"{knob_name(key, symbol)} must be a number {bounds}, got {value!r}")
     return float(value)

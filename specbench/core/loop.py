@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -29,6 +29,9 @@ from specbench.core.verify import (
 )
 from specbench.errors import ConfigError
 from specbench.schema import PHASES
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache, PreTrainedModel
 
 STEP_BREAKDOWN_SETTINGS = (True, False, "auto")
 """The values of the ``step_breakdown`` run knob."""
@@ -86,7 +89,9 @@ def breakdown_enabled(setting: bool | str, device: torch.device) -> bool:
     """Resolve ``step_breakdown`` (true | false | auto): auto is on unless syncs cost (CUDA)."""
     if setting not in STEP_BREAKDOWN_SETTINGS:
         raise ConfigError(f"step_breakdown must be true, false or auto; got {setting!r}")
-    return device.type != "cuda" if setting == "auto" else setting
+    if isinstance(setting, str):  # "auto", the one string setting
+        return device.type != "cuda"
+    return setting
 
 
 class PhaseClock:
@@ -131,7 +136,7 @@ class Decoder:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: PreTrainedModel,
         drafter: Drafter,
         eos_ids: frozenset[int],
         sampling: Sampling,
@@ -169,7 +174,10 @@ class Decoder:
             logits = prefill(self.model, cache, torch.tensor(prompt_ids))
         first = draw(logits, self.sampling, generator)
         synchronize(device)
-        gen = Generation([first], time.perf_counter() - start, 0, "eos")
+        accept_lengths: list[int] = []
+        draft_tokens: list[int] = []
+        step_s: list[float] = []
+        gen = Generation([first], time.perf_counter() - start, 0, "eos", accept_lengths, draft_tokens, step_s)
         tokens = [*prompt_ids, first]
         _, stop = clip_emitted([first], self.eos_ids, max_new_tokens)
         clock = PhaseClock(device, self.breakdown)
@@ -184,10 +192,10 @@ class Decoder:
             tokens.extend(emitted)
             gen.output_ids.extend(emitted)
             gen.target_forwards += 1
-            gen.accept_lengths.append(len(emitted))
-            gen.draft_tokens.append(drafted)
+            accept_lengths.append(len(emitted))
+            draft_tokens.append(drafted)
             synchronize(device)  # the step's timing boundary
-            gen.step_s.append(time.perf_counter() - step_start)
+            step_s.append(time.perf_counter() - step_start)
         clock.record(gen)
         gen.stop_reason = stop
         return gen
@@ -200,7 +208,7 @@ class Decoder:
         """The parts the drafter loaded."""
         return self.drafter.artefacts()
 
-    def _step(self, ctx: DecodeContext, cache, clock: PhaseClock) -> tuple[list[int], int]:
+    def _step(self, ctx: DecodeContext, cache: DynamicCache, clock: PhaseClock) -> tuple[list[int], int]:
         """One propose -> verify -> accept -> compact -> observe; returns (emitted tokens, drafted nodes).
 
         ``clock`` laps draft, verify and accept; the caller laps update once the step's locals are freed.

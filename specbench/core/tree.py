@@ -12,6 +12,7 @@ aux rows their own mask allows; tree rows never see aux rows; aux KV is always d
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -83,7 +84,7 @@ class DraftTree:
         return cls([root, *draft], list(range(-1, len(draft))))
 
     @classmethod
-    def from_paths(cls, root: int, paths: list[list[int]]) -> DraftTree:
+    def from_paths(cls, root: int, paths: Sequence[Sequence[int]]) -> DraftTree:
         """Merge candidate continuations into a trie (shared prefixes become shared nodes)."""
         tokens, parents = [root], [-1]
         children: dict[tuple[int, int], int] = {}

@@ -51,6 +51,7 @@ class ReservedLayer(DynamicLayer):
         """Write the new rows ([batch, heads, q, head_dim]) after the cached ones; return all rows (views)."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        assert self.keys is not None  # a view of the key buffer since lazy_initialization
         start = self.keys.shape[-2]
         end = start + key_states.shape[-2]
         if end > self.key_buffer.shape[-2]:
@@ -62,6 +63,7 @@ class ReservedLayer(DynamicLayer):
 
     def _grow(self, rows: int) -> None:
         """Move the cached rows into buffers of ``rows`` rows (the only reallocation)."""
+        assert self.keys is not None  # only update grows the buffers, after lazy_initialization
         length = self.keys.shape[-2]
         for name in ("key_buffer", "value_buffer"):
             old = getattr(self, name)
@@ -161,6 +163,8 @@ def compact_cache(cache: DynamicCache, past_len: int, kept_nodes: list[int]) -> 
     rows = None if contiguous else torch.tensor(kept_nodes, dtype=torch.long) + past_len  # [kept]
     rows_on: dict[torch.device, torch.Tensor] = {}  # one copy per device (layers may span GPUs)
     for layer in cache.layers:
+        # new_cache admits full-attention (DynamicLayer) layers only, and a forward has filled them
+        assert isinstance(layer, DynamicLayer) and layer.keys is not None and layer.values is not None
         if rows is not None:
             if layer.keys.device not in rows_on:
                 rows_on[layer.keys.device] = rows.to(layer.keys.device)

@@ -16,9 +16,9 @@ from collections import Counter
 
 from omegaconf import DictConfig
 
+from specbench.cli import user_errors
 from specbench.config import compose_config, group_options
 from specbench.data.base import Dataset, Sample, build_dataset
-from specbench.cli import user_errors
 from specbench.errors import ConfigError, UserError
 from specbench.models.loading import load_tokenizer
 

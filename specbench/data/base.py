@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from specbench.config import instantiate_checked
 from specbench.data.prompts import (
     PROMPT_FORMATS,
     check_format,
@@ -32,7 +33,6 @@ from specbench.data.prompts import (
     raw_text,
     resolve_format,
 )
-from specbench.config import instantiate_checked
 from specbench.errors import ConfigError, DataError, DataUnavailable
 from specbench.hub import hub_reachable
 
@@ -68,8 +68,10 @@ def checked_record(path: Path, number: int, line: str, required: Sequence[Sequen
     try:
         record = json.loads(line)
     except json.JSONDecodeError as error:
-        raise DataError(f"{path}:{number}: not a JSON record ({error.msg.removesuffix(' at')}, column {error.colno}); "
-                        f"fix or remove the line") from None
+        raise DataError(
+            f"{path}:{number}: not a JSON record ({error.msg.removesuffix(' at')}, column {error.colno}); "
+            f"fix or remove the line"
+        ) from None
     if not isinstance(record, dict):
         raise DataError(f"{path}:{number}: a record must be a JSON object, got {type(record).__name__}")
     missing = [" or ".join(names) for names in required if not any(name in record for name in names)]
@@ -258,7 +260,7 @@ class Dataset:
         if self.source not in ("auto", "local", "package", "hub"):
             raise ConfigError(f"dataset.source must be auto, local, package or hub; got {self.source!r}")
         if self.source in ("auto", "local") and self.data_dir is not None:
-            return self._local_records()
+            return self._local_records(self.data_dir)
         if self.source == "local":
             raise DataUnavailable(self._advice("source=local needs data_dir (or SPECBENCH_DATA_DIR)"))
         if self.source in ("auto", "package"):
@@ -276,9 +278,9 @@ class Dataset:
         """The fields ``to_sample`` reads: each entry lists alternative names, one of which must be present."""
         return ()
 
-    def _local_records(self) -> list[dict]:
+    def _local_records(self, data_dir: Path) -> list[dict]:
         """The JSONL copy ``data_dir/local_file``, every record checked for the fields this dataset reads."""
-        path = self.data_dir / self.local_file
+        path = data_dir / self.local_file
         if not path.is_file():
             raise DataUnavailable(self._advice(f"{path} does not exist"))
         self.resolved_source = f"local:{path}"

@@ -34,6 +34,7 @@ class SpecBench(MTBench):
     def to_sample(self, index: int, record: dict) -> Sample:
         """An MT-Bench-style sample whose category is the task group; the fine category goes to meta."""
         sample = super().to_sample(index, record)
+        assert sample.category is not None  # every Spec-Bench record has a category (a required field)
         sample.meta["fine_category"] = sample.category
         sample.category = task_group(sample.category)
         return sample

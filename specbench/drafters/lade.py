@@ -57,19 +57,35 @@ def window_layout(columns: int, levels: int) -> tuple[torch.Tensor, torch.Tensor
 class Lade(Drafter):
     """LADE drafter: lookahead window (aux rows) + n-gram pool + verification branch."""
 
-    COUNTERS = ("steps", "warmup_steps", "candidates", "steps_with_candidates", "aux_rows", "hit_steps",
-                "accepted_draft_tokens")
+    COUNTERS = (
+        "steps",
+        "warmup_steps",
+        "candidates",
+        "steps_with_candidates",
+        "aux_rows",
+        "hit_steps",
+        "accepted_draft_tokens",
+    )
 
-    def __init__(self, window_size: int = 15, ngram_size: int = 5, guess_set_size: int = 15,
-                 pool_from_prompt: bool = False, official_step_cap: bool = True, prefill_window: bool = True,
-                 window_eos: str = "replace"):
+    def __init__(
+        self,
+        window_size: int = 15,
+        ngram_size: int = 5,
+        guess_set_size: int = 15,
+        pool_from_prompt: bool = False,
+        official_step_cap: bool = True,
+        prefill_window: bool = True,
+        window_eos: str = "replace",
+    ):
         super().__init__()
         self.window = knob_int("window_size", window_size, 1, "W")
         self.ngram = knob_int("ngram_size", ngram_size, 2, "N")
         self.guess = knob_int("guess_set_size", guess_set_size, 1, "G")
         if official_step_cap and ngram_size < 3:
-            raise ConfigError("method.drafter.official_step_cap needs ngram_size (N) >= 3: the cap verifies N-2 tokens "
-                              "(the official loop accepts nothing at N = 2); set official_step_cap=false for N = 2")
+            raise ConfigError(
+                "method.drafter.official_step_cap needs ngram_size (N) >= 3: the cap verifies N-2 tokens "
+                "(the official loop accepts nothing at N = 2); set official_step_cap=false for N = 2"
+            )
         self.pool_from_prompt = bool(pool_from_prompt)
         self.official_step_cap = bool(official_step_cap)
         # the official start (level 0 rides in the prefill, level 1 comes free) needs a level 1 (N >= 3)
@@ -78,7 +94,7 @@ class Lade(Drafter):
         self.eos_ids: frozenset[int] = frozenset()
         self.pool = NGramPool(self.guess, "guess_set_size")
         self.prompt: list[int] = []
-        self.levels: list[list[int]] | None = None  # levels[0]: columns 1..; levels[l >= 1]: columns 0..
+        self.levels: list[list[int]] = []  # levels[0]: columns 1..; levels[l >= 1]: columns 0..; [] = not started
         self.generator: torch.Generator | None = None
         self.harvested = 0  # prompt pool: tokens before this index already keyed n-grams
 
@@ -92,7 +108,7 @@ class Lade(Drafter):
         """A fresh pool and window per generation (the official pool lives inside one ``generate`` call)."""
         self.prompt = list(prompt_ids)
         self.pool.clear()
-        self.levels = None
+        self.levels = []
         self.harvested = 0
         if self.pool_from_prompt:
             self._harvest(self.prompt)
@@ -112,16 +128,21 @@ class Lade(Drafter):
 
     def propose(self, ctx: DecodeContext) -> DraftTree:
         """Verification branch = pool tuples keyed by ``x``; aux rows = the lookahead window."""
-        if self.levels is None:
+        if not self.levels:
             self.generator = ctx.generator
             self.levels = [random_prompt_tokens(self.prompt, self.window + self.ngram - 3, ctx.generator)]
         candidates = [] if self.warming_up else self.pool.query(ctx.root, self.guess)
         if self.official_step_cap:
-            candidates = [c[:self.ngram - 2] for c in candidates]
+            candidates = [c[: self.ngram - 2] for c in candidates]
         tree = DraftTree.from_paths(ctx.root, candidates)
         tree.aux = self._window_block()
-        self.books.add(steps=1, warmup_steps=self.warming_up, candidates=len(candidates),
-                       steps_with_candidates=bool(candidates), aux_rows=len(tree.aux))
+        self.books.add(
+            steps=1,
+            warmup_steps=self.warming_up,
+            candidates=len(candidates),
+            steps_with_candidates=bool(candidates),
+            aux_rows=len(tree.aux),
+        )
         return tree
 
     def observe(self, ctx, tree, verified, accepted) -> None:
@@ -137,15 +158,19 @@ class Lade(Drafter):
             self.levels = [shifted[0][1:], *shifted[1:]]
         self._replace_eos(self.levels[-1])
         if self.pool_from_prompt:
-            self._harvest(ctx.tokens[self.harvested:] + accepted.emitted(tree))
+            self._harvest(ctx.tokens[self.harvested :] + accepted.emitted(tree))
 
     def stats(self) -> dict:
         """Pool size, candidates and aux rows per step, hit rate, warm-up steps (counters of the books)."""
         books = self.books
-        return {**books.report(), "pool_keys": len(self.pool), "pool_tuples": self.pool.num_tuples,
-                "candidates_per_step": books.per("candidates", "steps"),
-                "aux_rows_per_step": books.per("aux_rows", "steps"),
-                "hit_rate": books.per("hit_steps", "steps_with_candidates")}
+        return {
+            **books.report(),
+            "pool_keys": len(self.pool),
+            "pool_tuples": self.pool.num_tuples,
+            "candidates_per_step": books.per("candidates", "steps"),
+            "aux_rows_per_step": books.per("aux_rows", "steps"),
+            "hit_rate": books.per("hit_steps", "steps_with_candidates"),
+        }
 
     # -- internals ---------------------------------------------------------------------------------
 

@@ -52,12 +52,15 @@ def dev_answers(name: str, data_dir: str | None) -> list[str]:
 
     path = CONF_DIR / "dataset" / f"{name}.yaml"
     if not path.is_file():
-        raise ConfigError(f"method.drafter.warmup.dataset={name!r} is not a dataset config; "
-                          f"choose one of {group_options('dataset')}")
+        raise ConfigError(
+            f"method.drafter.warmup.dataset={name!r} is not a dataset config; choose one of {group_options('dataset')}"
+        )
     dataset = build_dataset(OmegaConf.load(path), data_dir)
     if not hasattr(dataset, "dev_answers"):
-        raise ConfigError(f"method.drafter.warmup.dataset={name!r} has no dev split to warm up from "
-                          f"(it needs dev_answers(); dolly has one)")
+        raise ConfigError(
+            f"method.drafter.warmup.dataset={name!r} has no dev split to warm up from "
+            f"(it needs dev_answers(); dolly has one)"
+        )
     return dataset.dev_answers()
 
 
@@ -66,11 +69,21 @@ class Lookahead(Drafter):
 
     COUNTERS = ("steps", "hits", "full_query_hits", "nodes_proposed", "depth_proposed")
 
-    def __init__(self, decoding_length: int = 64, branch_length: int = 12, mode: str = "hierarchical",
-                 max_query_length: int = 2, output_weight: float = 1e-4, node_capacity_factor: float = 32,
-                 output_node_capacity_factor: float = 16, prune_min_trees: int = 1024,
-                 warmup: Mapping | None = None, insert_prompt: bool = True, insert_output: bool = True,
-                 eliminate_input: bool = True):
+    def __init__(
+        self,
+        decoding_length: int = 64,
+        branch_length: int = 12,
+        mode: str = "hierarchical",
+        max_query_length: int = 2,
+        output_weight: float = 1e-4,
+        node_capacity_factor: float = 32,
+        output_node_capacity_factor: float = 16,
+        prune_min_trees: int = 1024,
+        warmup: Mapping | None = None,
+        insert_prompt: bool = True,
+        insert_output: bool = True,
+        eliminate_input: bool = True,
+    ):
         super().__init__()
         knob_int("decoding_length", decoding_length, 1, "L_d")  # 1 = no draft
         knob_int("branch_length", branch_length, 0, "L_b")  # 0 = no draft
@@ -102,9 +115,17 @@ class Lookahead(Drafter):
 
     def _new_memory(self) -> TrieMemory:
         """An empty trie memory with this drafter's branch length, weights and capacities."""
-        return TrieMemory(max(self.branch_length, 1), self.max_query_length, self.output_weight,
-                          self.max_node, self.max_output_node, self.prune_min_trees,
-                          self.insert_prompt, self.insert_output, self.eliminate_input)
+        return TrieMemory(
+            max(self.branch_length, 1),
+            self.max_query_length,
+            self.output_weight,
+            self.max_node,
+            self.max_output_node,
+            self.prune_min_trees,
+            self.insert_prompt,
+            self.insert_output,
+            self.eliminate_input,
+        )
 
     def setup(self, target, tokenizer) -> None:
         """Start the run with a fresh memory, warmed up with the dev answers as OUTPUT branches."""
@@ -122,7 +143,7 @@ class Lookahead(Drafter):
         """End the previous request (last windows, elimination, pruning), then insert this prompt."""
         with self.books.timed("end_request"):
             if self._tokens is not None:
-                self.memory.stream_output(self._tokens[self._synced:])
+                self.memory.stream_output(self._tokens[self._synced :])
             self.memory.end_request()
             self.memory.insert_sequence(prompt_ids, output=False)
         self._tokens = None
@@ -131,22 +152,27 @@ class Lookahead(Drafter):
     def _sync(self, ctx: DecodeContext) -> None:
         """Stream the tokens committed since the last step (ctx.tokens is the truth after EOS/budget cuts)."""
         self._tokens = ctx.tokens
-        self.memory.stream_output(ctx.tokens[self._synced:])
+        self.memory.stream_output(ctx.tokens[self._synced :])
         self._synced = len(ctx.tokens)
 
     def propose(self, ctx: DecodeContext) -> DraftTree:
         """Retrieve a draft for the last committed tokens and lay it out per ``mode``."""
         self._sync(ctx)
         max_depth = min(self.branch_length, self.decoding_length - 1, ctx.remaining - 1)
-        query = ctx.tokens[-self.max_query_length:]
+        query = ctx.tokens[-self.max_query_length :]
         with self.books.timed("retrieve"):
             draft = self._retrieve(query, max_depth)
         tokens, parents = draft.tokens, draft.parents
         if self.mode == "parallel":
             tokens, parents = parallel_layout(tokens, parents)
         tree = DraftTree(tokens, parents)
-        self.books.add(steps=1, hits=tree.num_drafted > 0, full_query_hits=draft.query_length == self.max_query_length,
-                       nodes_proposed=tree.num_drafted, depth_proposed=max(tree.depths))
+        self.books.add(
+            steps=1,
+            hits=tree.num_drafted > 0,
+            full_query_hits=draft.query_length == self.max_query_length,
+            nodes_proposed=tree.num_drafted,
+            depth_proposed=max(tree.depths),
+        )
         return tree
 
     def _retrieve(self, query: list[int], max_depth: int) -> Draft:
@@ -158,8 +184,13 @@ class Lookahead(Drafter):
     def stats(self) -> dict:
         """Memory sizes (persistent), the warm-up, and this generation's retrieval statistics."""
         books = self.books
-        return {**books.report(), **self.memory.sizes(), "warmup_answers": self.warmup_answers,
-                "warmup_s": round(self.warmup_s, 6), "hit_rate": books.per("hits", "steps"),
-                "full_query_hit_rate": books.per("full_query_hits", "steps"),
-                "nodes_per_step": books.per("nodes_proposed", "steps"),
-                "depth_per_step": books.per("depth_proposed", "steps")}
+        return {
+            **books.report(),
+            **self.memory.sizes(),
+            "warmup_answers": self.warmup_answers,
+            "warmup_s": round(self.warmup_s, 6),
+            "hit_rate": books.per("hits", "steps"),
+            "full_query_hit_rate": books.per("full_query_hits", "steps"),
+            "nodes_per_step": books.per("nodes_proposed", "steps"),
+            "depth_per_step": books.per("depth_proposed", "steps"),
+        }

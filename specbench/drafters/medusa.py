@@ -19,7 +19,7 @@ from specbench.core.drafter import DecodeContext, Drafter, knob_choice
 from specbench.core.tree import DraftTree
 from specbench.core.verify import VerifyOutput
 from specbench.errors import ConfigError
-from specbench.models.medusa_heads import load_heads
+from specbench.models.medusa_heads import MedusaHeads, load_heads
 from specbench.structures.medusa_tree import (
     TreeLayout,
     checked_paths,
@@ -33,8 +33,9 @@ from specbench.structures.medusa_tree import (
 TREE_KINDS = ("sparse", "dense", "choices")
 
 
-def tree_paths(tree_cfg, rank_accuracy: list[list[float]] | None, num_heads: int,
-               published: str | None = None) -> tuple[list, str]:
+def tree_paths(
+    tree_cfg, rank_accuracy: list[list[float]] | None, num_heads: int, published: str | None = None
+) -> tuple[list, str]:
     """The static tree's rank paths from the method's ``tree`` settings, and how they were chosen.
 
     ``sparse`` is the greedy tree on the heads' calibration table; heads without one (the published
@@ -58,8 +59,10 @@ def tree_paths(tree_cfg, rank_accuracy: list[list[float]] | None, num_heads: int
         if isinstance(choices, str):  # the name of a published tree
             paths, label = list(published_tree(choices)), f"choices:{choices}"
         elif not choices:
-            raise ConfigError("method.drafter.tree.choices must list rank paths, e.g. [[0], [0, 0], [1]], "
-                              f"or name a published tree ({', '.join(published_trees())})")
+            raise ConfigError(
+                "method.drafter.tree.choices must list rank paths, e.g. [[0], [0, 0], [1]], "
+                f"or name a published tree ({', '.join(published_trees())})"
+            )
         else:
             paths, label = list(choices), "choices"
     return checked_paths([path for path in paths if len(path) <= max_depth], num_heads), label
@@ -67,18 +70,24 @@ def tree_paths(tree_cfg, rank_accuracy: list[list[float]] | None, num_heads: int
 
 def published_sparse(name: str | None, budget: int) -> tuple[list, str]:
     """The first ``budget`` paths of the published tree ``name`` (its greedy order), or the way out."""
-    ways_out = ("method.drafter.tree.kind=dense (the Cartesian tree of tree.sizes), method.drafter.tree.kind=choices "
-                "with method.drafter.tree.choices=<rank paths or a published tree name>, or heads that carry a "
-                "calibration table (python -m specbench.train medusa model=<name> writes one beside its heads)")
+    ways_out = (
+        "method.drafter.tree.kind=dense (the Cartesian tree of tree.sizes), method.drafter.tree.kind=choices "
+        "with method.drafter.tree.choices=<rank paths or a published tree name>, or heads that carry a "
+        "calibration table (python -m specbench.train medusa model=<name> writes one beside its heads)"
+    )
     if not name:
-        raise ConfigError("method.drafter.tree.kind=sparse needs the heads' calibration table a_k^(i) or a published "
-                          f"tree, and these heads have neither. Name a published tree with model.medusa.tree=<name> "
-                          f"({', '.join(published_trees())}), or use {ways_out}")
+        raise ConfigError(
+            "method.drafter.tree.kind=sparse needs the heads' calibration table a_k^(i) or a published "
+            f"tree, and these heads have neither. Name a published tree with model.medusa.tree=<name> "
+            f"({', '.join(published_trees())}), or use {ways_out}"
+        )
     paths = published_tree(name)
     if not 1 <= budget <= len(paths):
-        raise ConfigError(f"method.drafter.tree.node_budget={budget}: the published tree {name} has {len(paths)} "
-                          f"nodes, and these heads carry no calibration table to grow a larger sparse tree; use a "
-                          f"budget in [1, {len(paths)}] or {ways_out}")
+        raise ConfigError(
+            f"method.drafter.tree.node_budget={budget}: the published tree {name} has {len(paths)} "
+            f"nodes, and these heads carry no calibration table to grow a larger sparse tree; use a "
+            f"budget in [1, {len(paths)}] or {ways_out}"
+        )
     return list(paths[:budget]), f"sparse:{name}" + (f"[:{budget}]" if budget < len(paths) else "")
 
 
@@ -93,18 +102,19 @@ class Medusa(Drafter):
         self.heads_cfg = heads
         self.target_name = target_name
         self.tree_cfg = tree or {}
-        self.heads = None
+        self.heads: MedusaHeads | None = None
         self.layout: TreeLayout | None = None
         self.origin = self.tree_source = ""
-        self.expected = None
+        self.expected: float | None = None
         self.reset([])
 
     def setup(self, target, tokenizer) -> None:
         """Load the heads for this target and fix the tree (calibration table -> sparse tree)."""
         loaded = load_heads(self.heads_cfg, target, self.target_name)
         self.heads, self.origin, self.part = loaded.heads, loaded.origin, loaded.part
-        paths, self.tree_source = tree_paths(self.tree_cfg, loaded.rank_accuracy, loaded.heads.num_heads,
-                                             (self.heads_cfg or {}).get("tree"))
+        paths, self.tree_source = tree_paths(
+            self.tree_cfg, loaded.rank_accuracy, loaded.heads.num_heads, (self.heads_cfg or {}).get("tree")
+        )
         self.layout = TreeLayout.from_paths(paths)
         if loaded.rank_accuracy is not None and self.layout.top_k <= min(map(len, loaded.rank_accuracy)):
             self.expected = expected_accepted(list(self.layout.paths), loaded.rank_accuracy)
@@ -123,12 +133,14 @@ class Medusa(Drafter):
         self._score_predictions(ctx.tokens)
         if self.top is None:
             return DraftTree.root_only(ctx.root)
+        assert self.layout is not None  # laid out by setup, before the heads could fill self.top
         return DraftTree(self.layout.tokens(ctx.root, self.top), list(self.layout.parents))
 
-    def observe(self, ctx: DecodeContext, tree: DraftTree, verified: VerifyOutput,
-                accepted: Acceptance) -> None:
+    def observe(self, ctx: DecodeContext, tree: DraftTree, verified: VerifyOutput, accepted: Acceptance) -> None:
         """Run the heads on the last accepted node's hidden state: tokens for the next step's tree."""
         self._count(tree, accepted)
+        assert self.heads is not None and self.layout is not None  # loaded by setup
+        assert verified.hidden is not None  # wants_hidden: the loop asks the verify pass for hidden states
         last = accepted.path[-1]
         with self.books.timed("heads"):
             logits = self.heads(verified.hidden[last], self.layout.max_depth)  # [depth, vocab]
@@ -160,8 +172,10 @@ class Medusa(Drafter):
 
     def stats(self) -> dict:
         """Tree shape, acceptance by depth, each head's online top-1 accuracy, the heads' time (heads_s)."""
+
         def rate(hits, total):
             return round(hits / total, 4) if total else None
+
         books = self.books
         return {
             **books.report(),

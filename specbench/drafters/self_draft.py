@@ -22,6 +22,7 @@ tree plus the branch rows).
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -30,6 +31,9 @@ from specbench.core.tree import AuxBlock, DraftTree
 from specbench.drafters.jacobi import random_prompt_tokens, row_argmax
 from specbench.errors import ConfigError
 from specbench.structures.pool import NGramPool
+
+if TYPE_CHECKING:
+    from specbench.structures.corpus_cache import CorpusCache
 
 
 @functools.lru_cache(maxsize=256)
@@ -106,14 +110,14 @@ class SelfDraft(Drafter):
         self.use_corpus = bool(use_corpus_cache)
         self.official_step_cap = bool(official_step_cap)
         self.corpus_cfg = corpus
-        self.corpus_cache = None
+        self.corpus_cache: CorpusCache | None = None
         self.pool = NGramPool(self.max_val_len, "max_val_len")  # persists across generations
         self.snapshot = self.pool  # the context cache as the latest new prompt found it
         self.conversations = 0
         self.flushes = 0
         self.last_prompt: list[int] = []
         self.prompt: list[int] = []
-        self.branches: list[list[int]] | None = None
+        self.branches: list[list[int]] = []  # [] until the first step of a generation starts them
         self.caps: list[int] = []
         self.harvested = 0  # committed tokens already keyed into the context cache this generation
         self._step_candidates: tuple[list, list] = ([], [])
@@ -146,12 +150,12 @@ class SelfDraft(Drafter):
             self.snapshot = self.pool.copy()
         self.last_prompt = prompt
         self.prompt = prompt
-        self.branches = None
+        self.branches = []
         self.harvested = 0
 
     def propose(self, ctx: DecodeContext) -> DraftTree:
         """Context + corpus candidates as a trie (none during start-up); the branches as aux rows."""
-        if self.branches is None:
+        if not self.branches:
             self._init_branches(ctx.generator)
         context, corpus = ([], []) if self.starting else self._candidates(ctx.tokens)
         self._step_candidates = (context, corpus)
@@ -233,6 +237,7 @@ class SelfDraft(Drafter):
             return context, []
         room = self.max_val_len - len(context)
         limit = min(self.corpus_max, room) if room > 0 else min(self.corpus_max, 2)  # NOTE: official rule
+        assert self.corpus_cache is not None  # setup loads it whenever use_corpus is set
         return context, self.corpus_cache.lookup(tokens, limit, exclude=context)
 
     def _branch_block(self) -> AuxBlock | None:

@@ -41,23 +41,26 @@ class SpeDe(DraftModelDrafter):
         self.books.add(gamma_sum=self.gamma)
         if budget < 1:
             return DraftTree.root_only(ctx.root)
+        assert self.lm is not None  # loaded by setup
         logits = self.lm.sync(ctx.tokens)  # [vocab] q(.|root)
         tokens: list[int] = []
-        rows: list[torch.Tensor | None] = []
+        rows: list[torch.Tensor] = []  # q per drafted token when drafts are sampled (none for top-k drafts)
         while True:
             (token,), q = self.pick(logits, 1, ctx.generator)
             tokens.append(token)
-            rows.append(q)
+            if q is not None:
+                rows.append(q)
             if len(tokens) == budget or token in self.eos_ids:
                 break
             logits = self.lm.extend([token])
         tree = DraftTree.chain(ctx.root, tokens)
-        if rows[0] is not None:
+        if rows:
             tree.draft_probs = torch.stack([*rows, torch.zeros_like(rows[0])])  # [gamma + 1, vocab]; leaf row unused
         return tree
 
     def update(self, ctx: DecodeContext, tree: DraftTree, accepted: Acceptance) -> None:
         """Drop the rejected draft rows; adapt gamma (HF: +2 when every drafted token was accepted, else -1)."""
+        assert self.lm is not None  # loaded by setup
         self.lm.rollback(ctx.tokens + accepted.emitted(tree))
         if self.schedule != "constant":
             all_accepted = len(accepted.path) - 1 == tree.num_drafted

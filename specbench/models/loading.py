@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from omegaconf import OmegaConf
@@ -11,6 +12,9 @@ from omegaconf import OmegaConf
 from specbench.errors import ConfigError, ModelUnavailable
 from specbench.hub import hub_reachable
 from specbench.models.embedded import embedded_checkpoint
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 SOURCES = ("hub", "embedded", "tiny")
 DEVICE_MAP_MODES = ("auto", "balanced", "balanced_low_0", "sequential")
@@ -21,8 +25,8 @@ DEVICE_MAP_MODES = ("auto", "balanced", "balanced_low_0", "sequential")
 class LoadedModel:
     """A target model ready for decoding, with what the runner needs to know about it."""
 
-    model: torch.nn.Module
-    tokenizer: object
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
     name: str  # config name, e.g. smollm2_135m
     path: str  # Hub id or local directory the weights came from
     eos_ids: frozenset[int]
@@ -67,7 +71,7 @@ def _from_pretrained(loader, path: str, **kwargs):
 
 def load_pretrained(
     path: str, dtype: torch.dtype, revision: str | None = None
-) -> tuple[torch.nn.Module, object | None]:
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase | None]:
     """A causal LM and its tokenizer (None if it ships none) from a dir, the HF cache or the Hub (drafts)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -81,7 +85,7 @@ def load_pretrained(
 
 def build_tiny_llama(
     vocab_size: int, seed: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, **arch
-) -> torch.nn.Module:
+) -> PreTrainedModel:
     """A random Llama built from a config in code, allocated and seeded directly on ``device`` in ``dtype``.
 
     NOTE: building in place (no fp32 CPU copy first) makes a 7B-shaped model take seconds on a GPU;
@@ -130,14 +134,16 @@ def device_map_setting(cfg) -> str | dict | None:
     if device_map is None or isinstance(device_map, str) and device_map in DEVICE_MAP_MODES:
         return device_map
     if OmegaConf.is_dict(device_map):
-        return OmegaConf.to_container(device_map)
+        plan = OmegaConf.to_container(device_map)
+        assert isinstance(plan, dict)  # a config mapping converts to a dict
+        return plan
     raise ConfigError(
         f"model.device_map must be null (load on `device`), one of {', '.join(DEVICE_MAP_MODES)}, "
         f"or a dict module -> device like {{model:0,lm_head:1}}; got {device_map!r}"
     )
 
 
-def planned_device_map(model: torch.nn.Module, mode: str, dtype: torch.dtype) -> dict:
+def planned_device_map(model: PreTrainedModel, mode: str, dtype: torch.dtype) -> dict:
     """accelerate's module -> device plan for ``mode``, never splitting a decoder layer across devices."""
     from accelerate import infer_auto_device_map
     from accelerate.utils import get_balanced_memory, get_max_memory
@@ -153,7 +159,7 @@ def planned_device_map(model: torch.nn.Module, mode: str, dtype: torch.dtype) ->
     return infer_auto_device_map(model, max_memory=memory, no_split_module_classes=no_split, dtype=dtype)
 
 
-def dispatch(model: torch.nn.Module, device_map: str | dict, dtype: torch.dtype) -> torch.nn.Module:
+def dispatch(model: PreTrainedModel, device_map: str | dict, dtype: torch.dtype) -> PreTrainedModel:
     """Spread a built model over devices with accelerate (a named plan is inferred first, a dict used as given)."""
     from accelerate import dispatch_model
 
@@ -164,7 +170,7 @@ def dispatch(model: torch.nn.Module, device_map: str | dict, dtype: torch.dtype)
         raise ConfigError(f"model.device_map {plan!r} cannot be applied: {exc}") from None
 
 
-def tiny_target(cfg, tokenizer, device: torch.device, dtype: torch.dtype, device_map) -> torch.nn.Module:
+def tiny_target(cfg, tokenizer, device: torch.device, dtype: torch.dtype, device_map) -> PreTrainedModel:
     """The tiny random target: built in place on ``device``, or on the CPU and then dispatched."""
     # NOTE: with a device map the model is built on the CPU (the one place every module fits before the
     # plan exists; slower than a GPU build) and dispatch then moves each module to its device
@@ -174,7 +180,7 @@ def tiny_target(cfg, tokenizer, device: torch.device, dtype: torch.dtype, device
     return model if device_map is None else dispatch(model, device_map, dtype)
 
 
-def pretrained_target(cfg, device: torch.device, dtype: torch.dtype, device_map) -> torch.nn.Module:
+def pretrained_target(cfg, device: torch.device, dtype: torch.dtype, device_map) -> PreTrainedModel:
     """A Hub / local / embedded target: loaded onto ``device``, or placed by ``from_pretrained(device_map=)``."""
     from transformers import AutoModelForCausalLM
 
@@ -190,7 +196,7 @@ def pretrained_target(cfg, device: torch.device, dtype: torch.dtype, device_map)
     return model if device_map is not None else model.to(device=device, dtype=dtype)
 
 
-def placement(model: torch.nn.Module, device_map) -> dict | None:
+def placement(model: PreTrainedModel, device_map) -> dict | None:
     """Where a device map put the model, module -> device (None without one), for what the run reports.
 
     NOTE: accelerate records ``hf_device_map`` whenever it dispatches, but ``from_pretrained`` only when
@@ -216,6 +222,8 @@ def load_model(cfg, device: torch.device, dtype: torch.dtype) -> LoadedModel:
         path = checkpoint_path(cfg)
     model.eval()
     context = cfg.get("context_length") or getattr(model.config, "max_position_embeddings", None)
+    if context is None:
+        raise ConfigError(f"model {cfg.name} declares no context length; set model.context_length")
     return LoadedModel(
         model, tokenizer, cfg.name, path, eos_token_ids(model, tokenizer), int(context), placement(model, device_map)
     )

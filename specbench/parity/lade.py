@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -77,8 +78,11 @@ class Setting:
         return f"W={self.window} N={self.ngram} G={self.guess}"
 
     def overrides(self) -> list[str]:
-        return [f"method.drafter.window_size={self.window}", f"method.drafter.ngram_size={self.ngram}",
-                f"method.drafter.guess_set_size={self.guess}"]
+        return [
+            f"method.drafter.window_size={self.window}",
+            f"method.drafter.ngram_size={self.ngram}",
+            f"method.drafter.guess_set_size={self.guess}",
+        ]
 
 
 @dataclass
@@ -101,6 +105,7 @@ class Variant:
 
 # -- prompts ----------------------------------------------------------------------------------------
 
+
 def render_prompts(datasets: list[tuple[str, int]], tokenizer) -> dict[str, list[tuple[str, list[int]]]]:
     """Token ids of the first ``limit`` samples of each dataset, rendered by specbench's loader."""
     from specbench.config import compose_config
@@ -116,6 +121,7 @@ def render_prompts(datasets: list[tuple[str, int]], tokenizer) -> dict[str, list
 
 # -- the official side ------------------------------------------------------------------------------
 
+
 def official_python() -> Path:
     python = REPO / VENV / "bin" / "python"
     if not python.is_file():
@@ -123,25 +129,50 @@ def official_python() -> Path:
     return python
 
 
-def start_official(setting: Setting, prompts: list[tuple[str, list[int]]], seeds: list[int], eos_ids,
-                   max_new_tokens: int, model_dir: str, threads: int, workdir: Path,
-                   cache: OfficialCache) -> subprocess.Popen:
+def start_official(
+    setting: Setting,
+    prompts: list[tuple[str, list[int]]],
+    seeds: list[int],
+    eos_ids,
+    max_new_tokens: int,
+    model_dir: str,
+    threads: int,
+    workdir: Path,
+    cache: OfficialCache,
+) -> subprocess.Popen:
     """Launch the official code on ``prompts`` in the side env; ``finish_official`` collects its JSON.
 
     The script also saves every record into ``cache`` as soon as it is done, so an interrupted run
     keeps what it measured.
     """
-    save = {f"{sid}|{seed}": str(cache.key(setting, ids, seed, max_new_tokens))
-            for sid, ids in prompts for seed in [None, *seeds]} if cache.enabled else {}
-    job = {"model_dir": model_dir, "window": setting.window, "ngram": setting.ngram, "guess": setting.guess,
-           "max_new_tokens": max_new_tokens, "seeds": seeds, "eos_ids": sorted(eos_ids), "ar": True,
-           "prompts": [{"id": sid, "ids": ids} for sid, ids in prompts], "save": save}
+    save = (
+        {
+            f"{sid}|{seed}": str(cache.key(setting, ids, seed, max_new_tokens))
+            for sid, ids in prompts
+            for seed in [None, *seeds]
+        }
+        if cache.enabled
+        else {}
+    )
+    job = {
+        "model_dir": model_dir,
+        "window": setting.window,
+        "ngram": setting.ngram,
+        "guess": setting.guess,
+        "max_new_tokens": max_new_tokens,
+        "seeds": seeds,
+        "eos_ids": sorted(eos_ids),
+        "ar": True,
+        "prompts": [{"id": sid, "ids": ids} for sid, ids in prompts],
+        "save": save,
+    }
     job_path = workdir / f"job-{setting.window}-{setting.ngram}-{setting.guess}-{len(prompts)}-{time.time_ns()}.json"
     job_path.write_text(json.dumps(job))
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
     with open(job_path.with_suffix(".out"), "w") as out:  # the child keeps its own descriptor
-        return subprocess.Popen([str(official_python()), str(REPO / OFFICIAL_SCRIPT), str(job_path)],
-                                stdout=out, env=env, cwd=REPO)
+        return subprocess.Popen(
+            [str(official_python()), str(REPO / OFFICIAL_SCRIPT), str(job_path)], stdout=out, env=env, cwd=REPO
+        )
 
 
 def finish_official(proc: subprocess.Popen | None) -> dict:
@@ -149,6 +180,7 @@ def finish_official(proc: subprocess.Popen | None) -> dict:
     if proc is None:
         return {"versions": None, "patches": [], "records": []}
     code = proc.wait()
+    assert isinstance(proc.args, list)  # start_official passes an argument list, the job file last
     out_path = Path(proc.args[-1]).with_suffix(".out")
     text = out_path.read_text()
     if code != 0:
@@ -187,6 +219,7 @@ class OfficialCache:
 
 # -- the specbench side -----------------------------------------------------------------------------
 
+
 def official_draws(prompt: list[int], n: int, seed: int) -> list[int]:
     """The official initial window: ``random.seed(seed)`` then ``n`` x ``random.choice(prompt)``.
 
@@ -219,16 +252,24 @@ def start_like_official(engine, seed: int) -> None:
     drafter.window_eos = "keep"
 
 
-def run_ours(lm, setting: Setting, variant: Variant, dataset: str, prompts, seeds: list[int],
-             max_new_tokens: int) -> list[dict]:
+def run_ours(
+    lm, setting: Setting, variant: Variant, dataset: str, prompts, seeds: list[int], max_new_tokens: int
+) -> list[dict]:
     """specbench LADE through the runner's own path: composed config, ``build_engine``, seeded generator."""
     from specbench.config import compose_config
     from specbench.core.acceptance import Sampling
     from specbench.engines import build_engine
     from specbench.runner import sample_generator
 
-    cfg = compose_config("model=smollm2_135m", "method=lade", f"dataset={dataset}", "temperature=0",
-                         f"max_new_tokens={max_new_tokens}", *setting.overrides(), *variant.overrides)
+    cfg = compose_config(
+        "model=smollm2_135m",
+        "method=lade",
+        f"dataset={dataset}",
+        "temperature=0",
+        f"max_new_tokens={max_new_tokens}",
+        *setting.overrides(),
+        *variant.overrides,
+    )
     records = []
     for seed in seeds:
         engine = build_engine(cfg.method, lm, Sampling(0.0, 1.0), step_breakdown=False)
@@ -239,11 +280,22 @@ def run_ours(lm, setting: Setting, variant: Variant, dataset: str, prompts, seed
             with torch.inference_mode():
                 gen = engine.generate(ids, max_new_tokens, sample_generator(seed, sample_id))
             wall = time.perf_counter() - start
-            records.append({"id": sample_id, "seed": seed, "steps": gen.target_forwards,
-                            "accept_lengths": gen.accept_lengths, "output_ids": gen.output_ids,
-                            "wall_s": round(wall, 3)})
-            print(f"[specbench:{variant.label}] {sample_id} seed={seed}: {gen.target_forwards} steps, "
-                  f"{len(gen.output_ids)} tokens, {wall:.1f} s", file=sys.stderr, flush=True)
+            records.append(
+                {
+                    "id": sample_id,
+                    "seed": seed,
+                    "steps": gen.target_forwards,
+                    "accept_lengths": gen.accept_lengths,
+                    "output_ids": gen.output_ids,
+                    "wall_s": round(wall, 3),
+                }
+            )
+            print(
+                f"[specbench:{variant.label}] {sample_id} seed={seed}: {gen.target_forwards} steps, "
+                f"{len(gen.output_ids)} tokens, {wall:.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
     return records
 
 
@@ -265,12 +317,13 @@ def run_ar(lm, dataset: str, prompts, max_new_tokens: int) -> dict[str, list[int
 
 # -- the table --------------------------------------------------------------------------------------
 
+
 def seed_totals(records: list[dict], seeds: list[int]) -> list[int]:
     """Total steps over all prompts, one number per seed."""
     return [sum(r["steps"] for r in records if r["seed"] == seed) for seed in seeds]
 
 
-def spread(values: list[float]) -> tuple[float, float]:
+def spread(values: Sequence[float]) -> tuple[float, float]:
     """(mean, sample standard deviation; 0 for one value)."""
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
@@ -280,11 +333,11 @@ def verdict(official: list[int], ours: list[int]) -> tuple[float, float, bool]:
     mo, so = spread(official)
     ms, ss = spread(ours)
     diff = (ms - mo) / mo
-    noise = 2 * ((so ** 2 / len(official) + ss ** 2 / len(ours)) ** 0.5) / mo
+    noise = 2 * ((so**2 / len(official) + ss**2 / len(ours)) ** 0.5) / mo
     return diff, noise, abs(diff) <= max(TOLERANCE, noise)
 
 
-def fmt_pm(values: list[float], digits: int = 1) -> str:
+def fmt_pm(values: Sequence[float], digits: int = 1) -> str:
     mean, sd = spread(values)
     return f"{mean:.{digits}f} ± {sd:.{digits}f}"
 
@@ -293,8 +346,12 @@ def total_over(blocks: list[dict], variant: Variant) -> tuple[list[int], list[in
     """Per-seed total steps (official, specbench ``variant``) summed over several blocks."""
     off_seeds = blocks[0]["seeds"]["official"]
     ours_seeds = blocks[0]["seeds"]["official" if variant.official_start else "ours"]
-    off = [sum(t) for t in zip(*(seed_totals([r for r in b["official"]["records"] if r["seed"] is not None],
-                                             off_seeds) for b in blocks))]
+    off = [
+        sum(t)
+        for t in zip(
+            *(seed_totals([r for r in b["official"]["records"] if r["seed"] is not None], off_seeds) for b in blocks)
+        )
+    ]
     ours = [sum(t) for t in zip(*(seed_totals(b["ours"][variant.label], ours_seeds) for b in blocks))]
     return off, ours
 
@@ -325,7 +382,8 @@ def block_rows(block: dict, variants: list[Variant]) -> tuple[list[str], list[st
             f"{fmt_pm(ours_totals)} ({min(ours_totals)}–{max(ours_totals)}) | {diff:+.1%} | ±{noise:.1%} | "
             f"{'yes' if ok else 'NO'} | {tokens_total / statistics.fmean(off_totals):.2f} / "
             f"{tokens_total / statistics.fmean(ours_totals):.2f} | {equal_off}/{len(off_runs)} · "
-            f"{equal_ours}/{len(ours)} | {same} |")
+            f"{equal_ours}/{len(ours)} | {same} |"
+        )
     main = variants[0].label
     for sid, ids in block["prompts"]:
         o = [r for r in off_runs if r["id"] == sid]
@@ -339,7 +397,8 @@ def block_rows(block: dict, variants: list[Variant]) -> tuple[list[str], list[st
             f"{sm:.1f} | {(sm - om) / om:+.0%} | {new / om:.2f} | {new / sm:.2f} | "
             f"{'yes' if all(r['output_ids'] == off_ar[sid] for r in o) else 'NO'} | "
             f"{'yes' if all(r['output_ids'] == ar[sid] for r in s) else 'NO'} | "
-            f"{'yes' if off_ar[sid] == ar[sid] else 'NO'} |")
+            f"{'yes' if off_ar[sid] == ar[sid] else 'NO'} |"
+        )
     return summary, rows
 
 
@@ -364,11 +423,18 @@ def write_table(path: Path, payload: dict) -> None:
         "- prompts: specbench's dataset loader (chat template), the same token ids passed to both sides",
         "- step = one verify forward after the prefill (specbench `target_forwards`; official: calls of "
         "`jforward_multilevel` minus its first, the prefill); tokens/step = new tokens / steps",
-        "- specbench variants: " + "; ".join(
-            f"`{v.label}` = default `method=lade`" + (f" + `{' '.join(v.overrides)}`" if v.overrides else "")
-            + (" drawing its initial window as the official code does for the same seed, EOS kept in the "
-               "window (diagnostic)" if v.official_start else "")
-            for v in variants),
+        "- specbench variants: "
+        + "; ".join(
+            f"`{v.label}` = default `method=lade`"
+            + (f" + `{' '.join(v.overrides)}`" if v.overrides else "")
+            + (
+                " drawing its initial window as the official code does for the same seed, EOS kept in the "
+                "window (diagnostic)"
+                if v.official_start
+                else ""
+            )
+            for v in variants
+        ),
         "",
         "Run-time patches applied to the official code (nothing vendored; `scripts/parity/lade_official.py`):",
         "",
@@ -392,9 +458,13 @@ def write_table(path: Path, payload: dict) -> None:
         summary, rows = block_rows(block, variants)
         lines += summary
         per_prompt += rows
-    lines += ["", "All datasets together (per-seed totals summed over the datasets of a setting, then over both "
-              "settings):", "", "| setting | prompts | specbench variant | official steps | specbench steps | Δ | "
-              "noise | parity |", "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "All datasets together (per-seed totals summed over the datasets of a setting, then over both settings):",
+        "",
+        "| setting | prompts | specbench variant | official steps | specbench steps | Δ | noise | parity |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     settings = list(dict.fromkeys(b["setting"] for b in payload["blocks"]))
     groups = [(label, [b for b in payload["blocks"] if b["setting"] == label]) for label in settings]
     if len(settings) > 1:
@@ -403,8 +473,10 @@ def write_table(path: Path, payload: dict) -> None:
         for variant in variants:
             off, ours = total_over(blocks, variant)
             diff, noise, ok = verdict(off, ours)
-            lines.append(f"| {label} | {sum(len(b['prompts']) for b in blocks)} | {variant.label} | {fmt_pm(off)} | "
-                         f"{fmt_pm(ours)} | {diff:+.1%} | ±{noise:.1%} | {'yes' if ok else 'NO'} |")
+            lines.append(
+                f"| {label} | {sum(len(b['prompts']) for b in blocks)} | {variant.label} | {fmt_pm(off)} | "
+                f"{fmt_pm(ours)} | {diff:+.1%} | ±{noise:.1%} | {'yes' if ok else 'NO'} |"
+            )
     lines += [
         "",
         f"## Per prompt (specbench variant `{variants[0].label}`)",
@@ -419,7 +491,7 @@ def write_table(path: Path, payload: dict) -> None:
         "",
         REMAINING_DIFFERENCES,
         "What changed in specbench to get here, and the numbers before it: docs/methods/lade.md "
-        "(\"Parity with the official code\").",
+        '("Parity with the official code").',
         "",
     ]
     path.write_text("\n".join(lines))
@@ -427,29 +499,54 @@ def write_table(path: Path, payload: dict) -> None:
 
 # -- orchestration ----------------------------------------------------------------------------------
 
+
 def parse_args(argv: list[str] | None):
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m specbench.parity lade", description=__doc__.split("\n")[0])
     parser.add_argument("--settings", nargs="+", default=["15,5,15", "7,5,7"], help="W,N,G per setting")
-    parser.add_argument("--datasets", nargs="+", default=["humaneval=20", "gsm100=10"],
-                        help="dataset=limit (first `limit` samples in specbench's order)")
+    parser.add_argument(
+        "--datasets",
+        nargs="+",
+        default=["humaneval=20", "gsm100=10"],
+        help="dataset=limit (first `limit` samples in specbench's order)",
+    )
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds for both sides")
-    parser.add_argument("--official-seeds", nargs="+", type=int, default=None,
-                        help="seeds for the official side only (default: --seeds)")
+    parser.add_argument(
+        "--official-seeds",
+        nargs="+",
+        type=int,
+        default=None,
+        help="seeds for the official side only (default: --seeds)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--variant", action="append", default=None, metavar="LABEL=OVERRIDE;OVERRIDE",
-                        help="a specbench configuration to compare (repeatable; the first is the one per prompt); "
-                             "default: `specbench=` (the default lade config)")
-    parser.add_argument("--official-start", action="store_true",
-                        help="diagnostic: add a specbench variant `official-start` (the default config) that draws "
-                             "its initial window as the official code does for the same seed (EOS kept in the "
-                             "window, as lade 0.0.2): with equal rules its steps equal the official ones")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads per side; both sides run at the same time (more than the free "
-                             "cores make OpenMP spin: keep 1 on a shared 2-core machine)")
-    parser.add_argument("--no-cache", action="store_true",
-                        help="rerun the official code even where its result for the same prompt and seed is cached")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=None,
+        metavar="LABEL=OVERRIDE;OVERRIDE",
+        help="a specbench configuration to compare (repeatable; the first is the one per prompt); "
+        "default: `specbench=` (the default lade config)",
+    )
+    parser.add_argument(
+        "--official-start",
+        action="store_true",
+        help="diagnostic: add a specbench variant `official-start` (the default config) that draws "
+        "its initial window as the official code does for the same seed (EOS kept in the "
+        "window, as lade 0.0.2): with equal rules its steps equal the official ones",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads per side; both sides run at the same time (more than the free "
+        "cores make OpenMP spin: keep 1 on a shared 2-core machine)",
+    )
+    parser.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="rerun the official code even where its result for the same prompt and seed is cached",
+    )
     parser.add_argument("--out", default="results/parity/lade.md")
     parser.add_argument("--from-json", default=None, help="only rebuild the table from a stored JSON")
     return parser.parse_args(argv)
@@ -489,41 +586,86 @@ def main(argv: list[str] | None = None) -> int:
         for setting in settings:
             for dataset, _ in datasets:
                 wanted = [None, *seeds["official"]]  # None: the official side's own AR output
-                cached = {(sid, seed): cache.get(setting, ids, seed, args.max_new_tokens)
-                          for sid, ids in prompts[dataset] for seed in wanted}
-                missing = [(sid, ids) for sid, ids in prompts[dataset]
-                           if any(cached[sid, seed] is None for seed in wanted)]
-                proc = start_official(setting, missing, seeds["official"], lm.eos_ids, args.max_new_tokens,
-                                      model_dir, args.threads, Path(tmp), cache) if missing else None
+                cached = {
+                    (sid, seed): cache.get(setting, ids, seed, args.max_new_tokens)
+                    for sid, ids in prompts[dataset]
+                    for seed in wanted
+                }
+                missing = [
+                    (sid, ids) for sid, ids in prompts[dataset] if any(cached[sid, seed] is None for seed in wanted)
+                ]
+                proc = (
+                    start_official(
+                        setting,
+                        missing,
+                        seeds["official"],
+                        lm.eos_ids,
+                        args.max_new_tokens,
+                        model_dir,
+                        args.threads,
+                        Path(tmp),
+                        cache,
+                    )
+                    if missing
+                    else None
+                )
                 if dataset not in ar_outputs:  # specbench AR: the same for every setting
                     ar_outputs[dataset] = run_ar(lm, dataset, prompts[dataset], args.max_new_tokens)
                 ar = ar_outputs[dataset]
-                ours = {v.label: run_ours(lm, setting, v, dataset, prompts[dataset],
-                                          seeds["official" if v.official_start else "ours"], args.max_new_tokens)
-                        for v in variants}
+                ours = {
+                    v.label: run_ours(
+                        lm,
+                        setting,
+                        v,
+                        dataset,
+                        prompts[dataset],
+                        seeds["official" if v.official_start else "ours"],
+                        args.max_new_tokens,
+                    )
+                    for v in variants
+                }
                 official = finish_official(proc)
                 meta = {"versions": official["versions"], "patches": official["patches"]}
                 ids_of = dict(prompts[dataset])
                 for record in official["records"]:
                     cached[record["id"], record["seed"]] = {**record, "meta": meta}
                     cache.put(setting, ids_of[record["id"]], record, args.max_new_tokens, meta)
-                records = [cached[sid, seed] for sid, _ in prompts[dataset] for seed in wanted]
+                records = []
+                for sid, _ in prompts[dataset]:
+                    for seed in wanted:
+                        stored = cached[sid, seed]
+                        assert stored is not None  # cached before, or run by the official side just now
+                        records.append(stored)
                 official = {"records": [{k: v for k, v in r.items() if k != "meta"} for r in records]}
                 official_env, patches = records[0]["meta"]["versions"], records[0]["meta"]["patches"]
-                blocks.append({"setting": setting.label, "dataset": dataset, "prompts": prompts[dataset],
-                               "seeds": seeds, "ar": ar, "official": official, "ours": ours})
+                blocks.append(
+                    {
+                        "setting": setting.label,
+                        "dataset": dataset,
+                        "prompts": prompts[dataset],
+                        "seeds": seeds,
+                        "ar": ar,
+                        "official": official,
+                        "ours": ours,
+                    }
+                )
     spec_env = environment.git_state()
     payload = {
         "command": "python -m specbench.parity lade " + shlex.join(argv if argv is not None else sys.argv[1:]),
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "wall_min": (time.perf_counter() - started) / 60,
-        "max_new_tokens": args.max_new_tokens, "model_dir": model_dir, "seeds": seeds,
-        "variants": [{"label": v.label, "overrides": v.overrides, "official_start": v.official_start}
-                     for v in variants],
+        "max_new_tokens": args.max_new_tokens,
+        "model_dir": model_dir,
+        "seeds": seeds,
+        "variants": [
+            {"label": v.label, "overrides": v.overrides, "official_start": v.official_start} for v in variants
+        ],
         "patches": patches,
-        "environment": {"cpu": environment.cpu_name(), "official": official_env,
-                        "specbench": {**spec_env, "transformers": transformers.__version__,
-                                      "torch": torch.__version__}},
+        "environment": {
+            "cpu": environment.cpu_name(),
+            "official": official_env,
+            "specbench": {**spec_env, "transformers": transformers.__version__, "torch": torch.__version__},
+        },
         "blocks": blocks,
     }
     out.with_suffix(".json").write_text(json.dumps(payload))

@@ -28,15 +28,23 @@ ACTIONS = ("all", "run", "build", "list")
 
 def _parser() -> argparse.ArgumentParser:
     """The command line of ``python -m specbench.reproduce``."""
-    parser = argparse.ArgumentParser(prog="python -m specbench.reproduce",
-                                     description=__doc__.splitlines()[0].split(": ", 1)[1])
+    parser = argparse.ArgumentParser(
+        prog="python -m specbench.reproduce", description=__doc__.splitlines()[0].split(": ", 1)[1]
+    )
     parser.add_argument("action", nargs="?", default="all", choices=ACTIONS)
     parser.add_argument("--scale", default="smoke", help=f"one of {scales()} (default smoke)")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these experiments of the plan")
-    parser.add_argument("--results-root", type=Path, metavar="DIR",
-                        help="runs folder instead of the plan's (e.g. to measure this machine beside the stored runs)")
-    parser.add_argument("--coverage", action="store_true",
-                        help="list: every paper_values row with the jobs that fill it or the reason none can")
+    parser.add_argument(
+        "--results-root",
+        type=Path,
+        metavar="DIR",
+        help="runs folder instead of the plan's (e.g. to measure this machine beside the stored runs)",
+    )
+    parser.add_argument(
+        "--coverage",
+        action="store_true",
+        help="list: every paper_values row with the jobs that fill it or the reason none can",
+    )
     parser.add_argument("--gpu", default="a100", help="list: the GPU of the cost estimate (conf/reproduce/gpus/)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every experiment")
     return parser
@@ -52,8 +60,14 @@ def list_text(plan, only: list[str] | None, coverage: bool, gpu: str) -> str:
     names = select(plan, only)
     jobs = plan_jobs(plan, names)
     if coverage:
-        subset = (f"Only the jobs of {', '.join(names)} (--only): rows the plan's other experiments fill show as "
-                  "missing here.\n\n") if only else ""
+        subset = (
+            (
+                f"Only the jobs of {', '.join(names)} (--only): rows the plan's other experiments fill show as "
+                "missing here.\n\n"
+            )
+            if only
+            else ""
+        )
         return subset + coverage_text(covered(paper_values(), jobs, plan.stand_in_model))
     latency = LatencyModel(gpu, plan.profile_root)
     per_job = estimate(jobs, latency)
@@ -69,8 +83,9 @@ def walltime_section(plan, jobs, names: list[str]) -> str:
     if stored is None or stored.empty:
         return ""
     table = walltime_table(estimate_walltime(jobs, stored), names)
-    return "\nWall time of the plan on the machine of the stored runs:\n\n" + walltime_text(table, plan.results_root,
-                                                                                            stored)
+    return "\nWall time of the plan on the machine of the stored runs:\n\n" + walltime_text(
+        table, plan.results_root, stored
+    )
 
 
 def warn_if_dirty() -> None:
@@ -78,9 +93,11 @@ def warn_if_dirty() -> None:
     from specbench.environment import git_state
 
     if git_state()["git_dirty"]:
-        print("[reproduce] WARNING: the checkout has uncommitted changes to tracked files: every run records "
-              "git_dirty=true and the tables and figures will warn; commit first for results a reader can trust",
-              flush=True)
+        print(
+            "[reproduce] WARNING: the checkout has uncommitted changes to tracked files: every run records "
+            "git_dirty=true and the tables and figures will warn; commit first for results a reader can trust",
+            flush=True,
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> None:

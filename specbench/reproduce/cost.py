@@ -22,6 +22,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from omegaconf import OmegaConf
@@ -33,11 +34,19 @@ from specbench.reproduce.tables import paper_values
 
 GPUS_DIR = CONF_DIR / "reproduce" / "gpus"
 SPLIT_SIZES = {  # evaluated samples of a dataset config when neither limit nor sample_size cut it, and turns each
-    "mt_bench": (80, 2), "humaneval": (164, 1), "gsm8k": (1319, 1), "dolly": (1000, 1), "mbpp100": (500, 1),
-    "gsm100": (1319, 1), "cnndm": (11490, 1), "xsum": (11334, 1), "spec_bench": (480, 1)}
+    "mt_bench": (80, 2),
+    "humaneval": (164, 1),
+    "gsm8k": (1319, 1),
+    "dolly": (1000, 1),
+    "mbpp100": (500, 1),
+    "gsm100": (1319, 1),
+    "cnndm": (11490, 1),
+    "xsum": (11334, 1),
+    "spec_bench": (480, 1),
+}
 """Test splits: MT-Bench 80 two-turn questions, HumanEval 164, GSM8K 1,319, Dolly's test 1,000 (Lookahead's
 split), MBPP's test 500 (task ids 11-510), CNN/DM 11,490 and XSum 11,334 test articles, Spec-Bench 480."""
-VERIFY_PASS_TOKENS = 64   # tokens per verify forward read from a measured profile for the overhead (Medusa's tree)
+VERIFY_PASS_TOKENS = 64  # tokens per verify forward read from a measured profile for the overhead (Medusa's tree)
 COLUMNS = ["experiment", "jobs", "samples", "generated_tokens", "forwards", "gpu_hours"]
 
 
@@ -79,17 +88,27 @@ class LatencyModel:
     def __init__(self, gpu: str = "a100", profile_root: Path | None = None):
         path = GPUS_DIR / f"{gpu.lower()}.yaml"
         if not path.is_file():
-            raise ConfigError(f"no cost assumptions for GPU {gpu!r}; choose one of {gpus()} "
-                              f"(or add conf/reproduce/gpus/{gpu.lower()}.yaml)")
-        self.spec = OmegaConf.to_container(OmegaConf.load(path))
+            raise ConfigError(
+                f"no cost assumptions for GPU {gpu!r}; choose one of {gpus()} "
+                f"(or add conf/reproduce/gpus/{gpu.lower()}.yaml)"
+            )
+        spec = OmegaConf.to_container(OmegaConf.load(path))
+        if not isinstance(spec, dict):
+            raise ConfigError(f"{path} must be a mapping (gpu, verify_overhead, sizes)")
+        self.spec: dict[str, Any] = {str(key): value for key, value in spec.items()}
         self.gpu = self.spec["gpu"]
         self.profile_root = profile_root
         values = paper_values()
         self.overhead = paper_number(values, self.spec["verify_overhead"])
-        self.sizes = {int(size): (1.0 / paper_number(values, spec), int(spec.get("gpus", 1)),
-                                  f"assumed: the AR throughput of {spec['model']} in {spec['paper']} {spec['table']} "
-                                  f"({spec.get('gpus', 1)} x {self.gpu})")
-                      for size, spec in self.spec["sizes"].items()}
+        self.sizes = {
+            int(size): (
+                1.0 / paper_number(values, spec),
+                int(spec.get("gpus", 1)),
+                f"assumed: the AR throughput of {spec['model']} in {spec['paper']} {spec['table']} "
+                f"({spec.get('gpus', 1)} x {self.gpu})",
+            )
+            for size, spec in self.spec["sizes"].items()
+        }
 
     def measured(self, model: str) -> Latency | None:
         """The latency of a stored profile of ``model`` measured on this GPU, if any."""
@@ -97,8 +116,9 @@ class LatencyModel:
             return None
         for csv in sorted((self.profile_root / model).glob("latency_*.csv")):
             profile = pd.read_csv(csv)
-            profile = profile[profile["device_name"].str.contains(self.gpu, case=False, na=False)
-                              & (profile["mask"] == "tree")]
+            profile = profile[
+                profile["device_name"].str.contains(self.gpu, case=False, na=False) & (profile["mask"] == "tree")
+            ]
             if profile.empty:
                 continue
             one = profile[profile["num_tokens"] == 1]["median_ms"].median()
@@ -106,8 +126,9 @@ class LatencyModel:
             wide = wide[wide["num_tokens"] == wide["num_tokens"].min()]["median_ms"].median()
             size = model_size(model)
             jobs_gpus = self.sizes[size][1] if size in self.sizes else 1
-            return Latency(one / 1000, jobs_gpus, wide / one if not math.isnan(wide) else self.overhead,
-                           f"measured: {csv}")
+            return Latency(
+                one / 1000, jobs_gpus, wide / one if not math.isnan(wide) else self.overhead, f"measured: {csv}"
+            )
         return None
 
     def of(self, model: str) -> Latency | None:
@@ -153,39 +174,64 @@ def estimate(jobs: list[Job], latency: LatencyModel) -> pd.DataFrame:
         if timing is not None:
             factor = 1.0 if job["method"] == "ar" else timing.overhead
             hours = forwards * timing.seconds_per_token * factor * timing.gpus / 3600
-        rows.append({"experiment": job["experiment"], "model": job["model"], "samples": samples * turns,
-                     "generated_tokens": tokens, "forwards": forwards, "gpu_hours": hours,
-                     "latency_source": timing.source if timing else "no size: not estimated"})
+        rows.append(
+            {
+                "experiment": job["experiment"],
+                "model": job["model"],
+                "samples": samples * turns,
+                "generated_tokens": tokens,
+                "forwards": forwards,
+                "gpu_hours": hours,
+                "latency_source": timing.source if timing else "no size: not estimated",
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def cost_table(per_job: pd.DataFrame, order: list[str]) -> pd.DataFrame:
     """Per experiment (in plan order): jobs, samples (turns), generated tokens, forwards, GPU-hours; then a total."""
     grouped = per_job.groupby("experiment", sort=False)
-    table = pd.DataFrame({"jobs": grouped.size(), "samples": grouped["samples"].sum(),
-                          "generated_tokens": grouped["generated_tokens"].sum(),
-                          "forwards": grouped["forwards"].sum(),
-                          "gpu_hours": grouped["gpu_hours"].sum(min_count=1)}).reindex(order).reset_index()
+    table = (
+        pd.DataFrame(
+            {
+                "jobs": grouped.size(),
+                "samples": grouped["samples"].sum(),
+                "generated_tokens": grouped["generated_tokens"].sum(),
+                "forwards": grouped["forwards"].sum(),
+                "gpu_hours": grouped["gpu_hours"].sum(min_count=1),
+            }
+        )
+        .reindex(order)
+        .reset_index()
+    )
     total = {"experiment": "total", **{column: table[column].sum(min_count=1) for column in COLUMNS[1:]}}
     return pd.concat([table, pd.DataFrame([total])], ignore_index=True)[COLUMNS]
 
 
 def cost_text(per_job: pd.DataFrame, table: pd.DataFrame, latency: LatencyModel) -> str:
     """The cost table as Markdown, with the latency source of each model and the assumptions."""
+
     def number(value, digits=0) -> str:
         return "–" if pd.isna(value) else f"{value:,.{digits}f}"
 
-    lines = ["| experiment | jobs | samples | generated tokens (upper bound) | est. forwards | "
-             f"GPU-hours ({latency.gpu}) |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"| experiment | jobs | samples | generated tokens (upper bound) | est. forwards | GPU-hours ({latency.gpu}) |",
+        "|---|---|---|---|---|---|",
+    ]
     for _, row in table.iterrows():
-        lines.append(f"| {row['experiment']} | {number(row['jobs'])} | {number(row['samples'])} | "
-                     f"{number(row['generated_tokens'])} | {number(row['forwards'])} | {number(row['gpu_hours'], 1)} |")
+        lines.append(
+            f"| {row['experiment']} | {number(row['jobs'])} | {number(row['samples'])} | "
+            f"{number(row['generated_tokens'])} | {number(row['forwards'])} | {number(row['gpu_hours'], 1)} |"
+        )
     sources = per_job.groupby("model", sort=True)["latency_source"].first()
     lines += ["", "Time per token by model:"]
     lines += [f"- {model}: {source}" for model, source in sources.items()]
-    lines += ["", "Samples count turns (MT-Bench: 2 per question). Generated tokens: every turn runs to",
-              "max_new_tokens (an upper bound), warm-up generations included. Forwards: tokens / the papers' mean",
-              "tokens per step of the method (1 when none is published). GPU-hours: forwards x AR time per token",
-              f"x {latency.overhead:g} (verify overhead, speculative steps only) x GPUs per job; draft models and "
-              "prefill left out."]
+    lines += [
+        "",
+        "Samples count turns (MT-Bench: 2 per question). Generated tokens: every turn runs to",
+        "max_new_tokens (an upper bound), warm-up generations included. Forwards: tokens / the papers' mean",
+        "tokens per step of the method (1 when none is published). GPU-hours: forwards x AR time per token",
+        f"x {latency.overhead:g} (verify overhead, speculative steps only) x GPUs per job; draft models and "
+        "prefill left out.",
+    ]
     return "\n".join(lines) + "\n"

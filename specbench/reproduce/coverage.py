@@ -49,11 +49,11 @@ class Job:
     limit: int | None
     warmup: int
     setting: str
-    sample_size: int | None      # the dataset config's subsample (None: its whole evaluated split)
+    sample_size: int | None  # the dataset config's subsample (None: its whole evaluated split)
     lossless: bool
-    changes_target: str | None   # the model a fine-tuned checkpoint (Medusa-2) changes, if any
-    folder: str                  # the run folder under results_root (model/dataset/T<T>-n<tokens>/<swept overrides>)
-    digest: str                  # the run's configuration digest (as the runner computes it, on a CPU in float32)
+    changes_target: str | None  # the model a fine-tuned checkpoint (Medusa-2) changes, if any
+    folder: str  # the run folder under results_root (model/dataset/T<T>-n<tokens>/<swept overrides>)
+    digest: str  # the run's configuration digest (as the runner computes it, on a CPU in float32)
 
 
 @cache
@@ -76,10 +76,11 @@ def job_config(job: list[str]) -> DictConfig:
 
 def run_folder(cfg: DictConfig, overrides: list[str]) -> str:
     """``<model>/<dataset>/T<temperature>-n<max_new_tokens>/<override dirname>``, as the scales' output_dir."""
-    excluded = set(OmegaConf.select(cfg, "hydra.job.config.override_dirname.exclude_keys", default=None)
-                   or _scale_exclude_keys())
-    dirname = ",".join(sorted(o.input_line for o in OverridesParser.create().parse_overrides(overrides)
-                              if o.key_or_group not in excluded))
+    excluded = set(
+        OmegaConf.select(cfg, "hydra.job.config.override_dirname.exclude_keys", default=None) or _scale_exclude_keys()
+    )
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    dirname = ",".join(sorted(str(o.input_line) for o in parsed if o.key_or_group not in excluded))
     return f"{cfg.model.name}/{cfg.dataset.name}/T{cfg.temperature}-n{cfg.max_new_tokens}/{dirname}"
 
 
@@ -99,10 +100,25 @@ def job_of(experiment: str, overrides: list[str]) -> Job:
     method = flatten(without_locations(OmegaConf.to_container(cfg.method, resolve=True)), "method.")
     defaults = default_knobs(cfg.method.name, cfg.model.name, float(cfg.temperature), float(cfg.top_p))
     changed = {key: value for key, value in method.items() if key not in defaults or defaults[key] != value}
-    return Job(experiment, tuple(overrides), cfg.model.name, cfg.dataset.name, cfg.method.name,
-               float(cfg.temperature), float(cfg.top_p), int(cfg.max_new_tokens), int(cfg.repeat),
-               cfg.limit, int(cfg.warmup), setting_text(changed), cfg.dataset.get("sample_size"),
-               bool(cfg.method.lossless), cfg.model.get("changes_target"), folder, digest)
+    return Job(
+        experiment,
+        tuple(overrides),
+        cfg.model.name,
+        cfg.dataset.name,
+        cfg.method.name,
+        float(cfg.temperature),
+        float(cfg.top_p),
+        int(cfg.max_new_tokens),
+        int(cfg.repeat),
+        cfg.limit,
+        int(cfg.warmup),
+        setting_text(changed),
+        cfg.dataset.get("sample_size"),
+        bool(cfg.method.lossless),
+        cfg.model.get("changes_target"),
+        folder,
+        digest,
+    )
 
 
 def plan_jobs(plan: Plan, only: list[str] | None = None) -> list[Job]:
@@ -117,8 +133,11 @@ def folder_conflicts(jobs: list[Job]) -> dict[str, list[str]]:
     seen: dict[str, dict[str, list[str]]] = {}
     for job in jobs:
         seen.setdefault(job.folder, {}).setdefault(job.digest, []).append(job.experiment)
-    return {folder: sorted({name for names in digests.values() for name in names})
-            for folder, digests in seen.items() if len(digests) > 1}
+    return {
+        folder: sorted({name for names in digests.values() for name in names})
+        for folder, digests in seen.items()
+        if len(digests) > 1
+    }
 
 
 def jobs_frame(jobs: list[Job]) -> pd.DataFrame:
@@ -129,14 +148,21 @@ def jobs_frame(jobs: list[Job]) -> pd.DataFrame:
 def row_jobs(row: pd.Series, jobs: pd.DataFrame, stand_in: str | None = None) -> pd.DataFrame:
     """The jobs that fill one paper row (empty when the row cannot be measured by any of them)."""
     model = stand_in or row["model"]
-    if (not (model and row["method"] and row["dataset"]) or row["metric"] not in MEASURED_METRICS
-            or not draft_measured(row, stand_in)):
+    if (
+        not (model and row["method"] and row["dataset"])
+        or row["metric"] not in MEASURED_METRICS
+        or not draft_measured(row, stand_in)
+    ):
         return jobs.iloc[0:0]
     wanted = parse_setting(row["setting"])
     wanted.pop(CATEGORY_KEY, None)  # categories are split from the whole dataset's runs when tables are built
-    same = jobs[(jobs["model"] == model) & (jobs["dataset"] == row["dataset"]) & (jobs["method"] == row["method"])
-                & (jobs["temperature"] - float(row["temperature"] or 0)).abs().lt(1e-9)
-                & (jobs["setting"] == setting_text(wanted))]
+    same = jobs[
+        (jobs["model"] == model)
+        & (jobs["dataset"] == row["dataset"])
+        & (jobs["method"] == row["method"])
+        & (jobs["temperature"] - float(row["temperature"] or 0)).abs().lt(1e-9)
+        & (jobs["setting"] == setting_text(wanted))
+    ]
     if row["metric"] in PAIRED_METRICS and len(same):
         ar = jobs[jobs["method"] == "ar"]
         keys = ["model", "dataset", "temperature", "top_p", "max_new_tokens", "repeat"]
@@ -155,9 +181,15 @@ def coverage(values: pd.DataFrame, jobs: list[Job] | pd.DataFrame, stand_in: str
         reason = str(row.get("unfillable", "") or "").strip()
         status = ("stale reason" if reason else "filled") if len(found) else ("unfillable" if reason else "missing")
         changed = sorted(set(found["changes_target"].dropna()))
-        rows.append({**row.to_dict(), "status": status, "jobs": len(found),
-                     "experiments": " ".join(dict.fromkeys(found["experiment"])),
-                     "lossy": f"lossy: fine-tunes {', '.join(changed)}" if changed else ""})
+        rows.append(
+            {
+                **row.to_dict(),
+                "status": status,
+                "jobs": len(found),
+                "experiments": " ".join(dict.fromkeys(found["experiment"])),
+                "lossy": f"lossy: fine-tunes {', '.join(changed)}" if changed else "",
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -167,10 +199,19 @@ def coverage_text(covered: pd.DataFrame) -> str:
     for (paper, table), group in covered.groupby(["paper", "table"], sort=False):
         lines.append(f"{paper} {table}")
         for _, row in group.iterrows():
-            what = " ".join(part for part in (row["paper_model"], row["draft"] and f"[{row['draft']}]",
-                                              row["dataset"], row["paper_method"], row["setting"],
-                                              f"T={row['temperature']:g}" if row["temperature"] else "",
-                                              row["metric"]) if part)
+            what = " ".join(
+                part
+                for part in (
+                    row["paper_model"],
+                    row["draft"] and f"[{row['draft']}]",
+                    row["dataset"],
+                    row["paper_method"],
+                    row["setting"],
+                    f"T={row['temperature']:g}" if row["temperature"] else "",
+                    row["metric"],
+                )
+                if part
+            )
             if row["status"] == "filled":
                 status = f"job: {row['experiments']} ({row['jobs']})" + (f" [{row['lossy']}]" if row["lossy"] else "")
             elif row["status"] == "unfillable":

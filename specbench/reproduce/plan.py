@@ -19,8 +19,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from specbench.config import CONF_DIR, compose_config
-from specbench.paths import workspace
 from specbench.errors import ConfigError, UserError
+from specbench.paths import workspace
 
 PLANS_DIR = CONF_DIR / "reproduce"
 EXPERIMENTS_DIR = CONF_DIR / "experiment"
@@ -69,8 +69,16 @@ def load_plan(scale: str, root: Path | None = None) -> Plan:
     unknown = sorted(set(spec.experiments) - set(experiment_names(scale)))
     if unknown:
         raise ConfigError(f"{path}: no experiment config for {unknown} in conf/experiment/{scale}/")
-    return Plan(scale, tuple(spec.experiments), tuple(spec.profile.models), tuple(spec.profile.overrides),
-                spec.stand_in_model, root / spec.results_root, root / spec.tables_dir, root / spec.figures_dir)
+    return Plan(
+        scale,
+        tuple(spec.experiments),
+        tuple(spec.profile.models),
+        tuple(spec.profile.overrides),
+        spec.stand_in_model,
+        root / spec.results_root,
+        root / spec.tables_dir,
+        root / spec.figures_dir,
+    )
 
 
 def select(plan: Plan, only: list[str] | None) -> list[str]:
@@ -85,14 +93,28 @@ def select(plan: Plan, only: list[str] | None) -> list[str]:
 
 def experiment_command(plan: Plan, name: str, overrides: list[str]) -> list[str]:
     """The command line that runs one experiment as a Hydra multirun."""
-    return [sys.executable, "-m", "specbench", "--multirun", f"+experiment={plan.scale}/{name}",
-            f"results_root={plan.results_root}", *overrides]
+    return [
+        sys.executable,
+        "-m",
+        "specbench",
+        "--multirun",
+        f"+experiment={plan.scale}/{name}",
+        f"results_root={plan.results_root}",
+        *overrides,
+    ]
 
 
 def profile_command(plan: Plan, model: str, overrides: list[str]) -> list[str]:
     """The command line of one latency profile of the plan."""
-    return [sys.executable, "-m", "specbench.profile", f"model={model}",
-            f"output_dir={plan.profile_root / model}", *plan.profile_overrides, *overrides]
+    return [
+        sys.executable,
+        "-m",
+        "specbench.profile",
+        f"model={model}",
+        f"output_dir={plan.profile_root / model}",
+        *plan.profile_overrides,
+        *overrides,
+    ]
 
 
 def run_child(command: list[str], label: str) -> float:
@@ -107,8 +129,9 @@ def run_child(command: list[str], label: str) -> float:
     return seconds
 
 
-def run_plan(plan: Plan, only: list[str] | None = None, overrides: list[str] | None = None,
-             profile: bool = True) -> dict[str, float]:
+def run_plan(
+    plan: Plan, only: list[str] | None = None, overrides: list[str] | None = None, profile: bool = True
+) -> dict[str, float]:
     """Run the selected experiments (and the latency profiles); seconds per step."""
     overrides = list(overrides or [])
     seconds = {name: run_child(experiment_command(plan, name, overrides), name) for name in select(plan, only)}
@@ -118,8 +141,7 @@ def run_plan(plan: Plan, only: list[str] | None = None, overrides: list[str] | N
                 print(f"[reproduce] profile {model}: already in {plan.profile_root / model}, skipped")
                 continue
             profile_overrides = [o for o in overrides if o.startswith(("device=", "dtype="))]
-            seconds[f"profile:{model}"] = run_child(profile_command(plan, model, profile_overrides),
-                                                    f"profile {model}")
+            seconds[f"profile:{model}"] = run_child(profile_command(plan, model, profile_overrides), f"profile {model}")
     return seconds
 
 
@@ -128,6 +150,10 @@ def sweep_jobs(scale: str, name: str) -> list[list[str]]:
     cfg = compose_config(f"+experiment={scale}/{name}", hydra_node=True)
     params = cfg.hydra.sweeper.params or {}
     parsed = OverridesParser.create().parse_overrides([f"{key}={value}" for key, value in params.items()])
-    axes = [[f"{o.get_key_element()}={value}" for value in o.sweep_string_iterator()] if o.is_sweep_override()
-            else [f"{o.get_key_element()}={o.get_value_element_as_str()}"] for o in parsed]
+    axes = [
+        [f"{o.get_key_element()}={value}" for value in o.sweep_string_iterator()]
+        if o.is_sweep_override()
+        else [f"{o.get_key_element()}={o.get_value_element_as_str()}"]
+        for o in parsed
+    ]
     return [[f"+experiment={scale}/{name}", *job] for job in itertools.product(*axes)]

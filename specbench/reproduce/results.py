@@ -50,8 +50,7 @@ class Results:
 def flatten(node, prefix: str = "") -> dict:
     """{dotted.key: leaf} of a nested dict; lists become tuples so they compare and hash."""
     if isinstance(node, dict):
-        return {key: value for name, child in node.items()
-                for key, value in flatten(child, f"{prefix}{name}.").items()}
+        return {key: value for name, child in node.items() for key, value in flatten(child, f"{prefix}{name}.").items()}
     return {prefix[:-1]: tuple(node) if isinstance(node, list) else node}
 
 
@@ -93,11 +92,14 @@ def _extra_columns(run_dir: Path) -> dict:
     environment = summary["environment"]
     knobs = changed_knobs(summary)
     memory = summary.get("peak_memory") or {}
-    return {"experiment": summary.get("experiment"),
-            "setting": setting_text(knobs), **{f"hp.{key[len('method.'):]}": v for key, v in knobs.items()},
-            "peak_memory_gib": memory["bytes"] / 2**30 if memory else np.nan,
-            "peak_memory_kind": memory.get("kind"),
-            **{f"env.{field}": environment.get(field) for field in (*STAMP_FIELDS, *COMMIT_FIELDS)}}
+    return {
+        "experiment": summary.get("experiment"),
+        "setting": setting_text(knobs),
+        **{f"hp.{key[len('method.') :]}": v for key, v in knobs.items()},
+        "peak_memory_gib": memory["bytes"] / 2**30 if memory else np.nan,
+        "peak_memory_kind": memory.get("kind"),
+        **{f"env.{field}": environment.get(field) for field in (*STAMP_FIELDS, *COMMIT_FIELDS)},
+    }
 
 
 def _extras_frame(run_dirs: pd.Series) -> pd.DataFrame:
@@ -147,16 +149,18 @@ def results_of(runs: list[Run]) -> Results:
     frame, samples = runs_frame(runs), samples_frame(runs)
     matched = match_ar(frame, samples).merge(_extras_frame(frame["run_dir"]), on="run_dir")
     pairs = paired_samples(matched, samples)
-    return Results(matched.merge(speedup_statistics(pairs), left_on="run_dir", right_index=True, how="left"),
-                   samples, pairs)
+    return Results(
+        matched.merge(speedup_statistics(pairs), left_on="run_dir", right_index=True, how="left"), samples, pairs
+    )
 
 
 def stamp(runs: pd.DataFrame) -> str:
     """One line naming the hardware and software the runs were measured on (every distinct one)."""
     columns = [f"env.{field}" for field in STAMP_FIELDS]
     distinct = runs[columns].drop_duplicates().fillna("?")
-    return " | ".join(", ".join(f"{field}={row[f'env.{field}']}" for field in STAMP_FIELDS)
-                      for _, row in distinct.iterrows())
+    return " | ".join(
+        ", ".join(f"{field}={row[f'env.{field}']}" for field in STAMP_FIELDS) for _, row in distinct.iterrows()
+    )
 
 
 def commit_counts(runs: pd.DataFrame) -> pd.Series:

@@ -169,7 +169,8 @@ class CorpusCache:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             with open(tmp, "wb") as f:
-                np.savez_compressed(f, header=np.array(json.dumps(self.header())), **arrays)
+                # allow_pickle (the default) spelt out: **arrays cannot then be mistaken for it
+                np.savez_compressed(f, allow_pickle=True, header=np.array(json.dumps(self.header())), **arrays)
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)

@@ -35,7 +35,7 @@ TREES_FOLDER = "medusa_trees"
 def published_trees() -> list[str]:
     """Names of the published trees shipped in ``medusa_trees/`` (sorted)."""
     folder = resources.files("specbench.structures") / TREES_FOLDER
-    return sorted(entry.name[:-len(".json")] for entry in folder.iterdir() if entry.name.endswith(".json"))
+    return sorted(entry.name[: -len(".json")] for entry in folder.iterdir() if entry.name.endswith(".json"))
 
 
 @cache
@@ -51,8 +51,7 @@ def dense_paths(sizes: list[int]) -> list[RankPath]:
     """Cartesian-product tree: every node of depth d <= len(sizes) with rank i_k < s_k at each depth k."""
     if not sizes or any(int(s) < 1 for s in sizes):
         raise ConfigError(f"method.drafter.tree.sizes (s_k) must be a non-empty list of ints >= 1; got {sizes}")
-    return [path for depth in range(1, len(sizes) + 1)
-            for path in product(*(range(int(s)) for s in sizes[:depth]))]
+    return [path for depth in range(1, len(sizes) + 1) for path in product(*(range(int(s)) for s in sizes[:depth]))]
 
 
 def path_value(path: RankPath, rank_accuracy: list[list[float]]) -> float:
@@ -68,8 +67,9 @@ def expected_accepted(paths: list[RankPath], rank_accuracy: list[list[float]]) -
     return sum(path_value(path, rank_accuracy) for path in paths)
 
 
-def sparse_paths(rank_accuracy: list[list[float]], node_budget: int, max_depth: int | None = None,
-                 top_k: int | None = None) -> list[RankPath]:
+def sparse_paths(
+    rank_accuracy: list[list[float]], node_budget: int, max_depth: int | None = None, top_k: int | None = None
+) -> list[RankPath]:
     """Greedy tree of ``node_budget`` nodes maximising the expected acceptance length (optimal, see module doc)."""
     if node_budget < 1:
         raise ConfigError(f"method.drafter.tree.node_budget must be >= 1; got {node_budget}")
@@ -119,7 +119,7 @@ class TreeLayout:
     ranks: tuple[int, ...]  # drafted nodes only
 
     @classmethod
-    def from_paths(cls, paths: list[RankPath]) -> "TreeLayout":
+    def from_paths(cls, paths: list[RankPath]) -> TreeLayout:
         """Lay out prefix-closed rank paths; parents precede children."""
         ordered = sorted(set(paths), key=lambda path: (len(path), path))
         index = {(): 0, **{path: i for i, path in enumerate(ordered, start=1)}}

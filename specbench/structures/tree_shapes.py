@@ -71,7 +71,7 @@ class TreeShape:
         unique = sorted({tuple(int(r) for r in path) for path in paths}, key=lambda p: (len(p), p))
         if not unique or any(len(p) == 0 or min(p) < 0 for p in unique):
             raise ConfigError(f"a tree shape needs non-empty rank paths of ranks >= 0, got {list(paths)!r}")
-        index = {(): 0}
+        index: dict[tuple[int, ...], int] = {(): 0}
         parents, ranks = [-1], [0]
         for path in unique:
             if path[:-1] not in index:

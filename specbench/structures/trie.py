@@ -69,9 +69,18 @@ class Draft:
 class TrieMemory:
     """Lookahead's global trie memory: branch inserting, elimination, pruning and retrieval."""
 
-    def __init__(self, branch_length: int, max_query_length: int = 2, output_weight: float = 1e-4,
-                 max_node: int = 2048, max_output_node: int = 1024, prune_min_trees: int = 1024,
-                 insert_input: bool = True, insert_output: bool = True, eliminate: bool = True):
+    def __init__(
+        self,
+        branch_length: int,
+        max_query_length: int = 2,
+        output_weight: float = 1e-4,
+        max_node: int = 2048,
+        max_output_node: int = 1024,
+        prune_min_trees: int = 1024,
+        insert_input: bool = True,
+        insert_output: bool = True,
+        eliminate: bool = True,
+    ):
         knob_int("branch_length", branch_length, 1, "L_b")
         knob_int("max_query_length", max_query_length, 1)
         knob_number("output_weight", output_weight, 0.0, 1.0, "w")
@@ -126,7 +135,7 @@ class TrieMemory:
             return
         window = self.window
         for i in range(len(ids) - 1):
-            self._insert(ids[i], ids[i + 1: i + 1 + window], output)
+            self._insert(ids[i], ids[i + 1 : i + 1 + window], output)
 
     def stream_output(self, ids: Sequence[int]) -> None:
         """Feed committed output tokens; each token's window goes in as OUTPUT once it is complete."""
@@ -137,14 +146,14 @@ class TrieMemory:
         ready = len(stream) - self.window
         if ready > 0:
             for i in range(ready):
-                self._insert(stream[i], stream[i + 1: i + 1 + self.window], True)
+                self._insert(stream[i], stream[i + 1 : i + 1 + self.window], True)
             del stream[:ready]
 
     def end_request(self) -> None:
         """The request is over: flush its last (shorter) windows, eliminate its prompt, prune."""
         stream = self._stream
         for i in range(len(stream) - 1):
-            self._insert(stream[i], stream[i + 1:], True)
+            self._insert(stream[i], stream[i + 1 :], True)
         stream.clear()
         if self.eliminate:
             self.eliminate_input()
@@ -228,7 +237,7 @@ class TrieMemory:
         """(query length, matched node) from the longest usable query suffix down to the last token."""
         longest = min(self.max_query_length, len(query))
         for length in range(longest, 0, -1):
-            node = self.match(query[len(query) - length:])
+            node = self.match(query[len(query) - length :])
             if node is not None and node.children:
                 yield length, node
 
@@ -238,16 +247,23 @@ class TrieMemory:
         ``decoding_length`` (L_d) bounds the tokens of the forward, root included; ``max_depth`` is
         the branch length, clipped by the caller to the generation budget.
         """
-        return self._retrieve(query, max_depth, max_depth,
-                              lambda node: self.select(node, query[-1], decoding_length, max_depth))
+        return self._retrieve(
+            query, max_depth, max_depth, lambda node: self.select(node, query[-1], decoding_length, max_depth)
+        )
 
     def retrieve_branch(self, query: Sequence[int], max_depth: int) -> Draft:
         """LLMA-style single branch: the highest-``fm`` path (fallback when shorter than max_depth // 2)."""
-        return self._retrieve(query, max(max_depth // 2, 1), max_depth,
-                              lambda node: self.best_branch(node, query[-1], max_depth))
+        return self._retrieve(
+            query, max(max_depth // 2, 1), max_depth, lambda node: self.best_branch(node, query[-1], max_depth)
+        )
 
-    def _retrieve(self, query: Sequence[int], enough: int, max_depth: int,
-                  build: Callable[[TrieNode], tuple[list[int], list[int]]]) -> Draft:
+    def _retrieve(
+        self,
+        query: Sequence[int],
+        enough: int,
+        max_depth: int,
+        build: Callable[[TrieNode], tuple[list[int], list[int]]],
+    ) -> Draft:
         """Try query suffixes longest first; keep the latest non-empty draft, stop once it has ``enough``."""
         best = Draft([query[-1]], [-1], 0)
         if max_depth < 1:
@@ -260,8 +276,9 @@ class TrieMemory:
                     break
         return best
 
-    def _best_first(self, start: TrieNode, max_depth: int,
-                    score: Callable[[TrieNode], float]) -> Iterator[tuple[float, TrieNode]]:
+    def _best_first(
+        self, start: TrieNode, max_depth: int, score: Callable[[TrieNode], float]
+    ) -> Iterator[tuple[float, TrieNode]]:
         """Descendants of ``start`` (depth <= max_depth, score > 0) in non-increasing score order.
 
         NOTE: exact because scores never increase down a path (module docstring), so only popped
@@ -302,16 +319,18 @@ class TrieMemory:
                     return out_min, fm
         return out_min, 0.0
 
-    def select(self, start: TrieNode, root: int, decoding_length: int,
-               max_depth: int) -> tuple[list[int], list[int]]:
+    def select(self, start: TrieNode, root: int, decoding_length: int, max_depth: int) -> tuple[list[int], list[int]]:
         """At most ``decoding_length`` tokens (root included) in DFS order, children by descending fm."""
         out_min, mix_min = self.thresholds(start, decoding_length, max_depth)
         mixed = self.mixed
 
         def ranked(node: TrieNode, parent: int, depth: int) -> list[tuple[float, int, TrieNode, int, int]]:
             """Qualifying children of ``node``, lowest fm first (so the stack pops the best first)."""
-            kids = [(fm, token, child, parent, depth) for token, child in node.children.items()
-                    if ((fm := mixed(child)) > 0.0 and fm >= mix_min) or out_min <= child.f_out]
+            kids = [
+                (fm, token, child, parent, depth)
+                for token, child in node.children.items()
+                if ((fm := mixed(child)) > 0.0 and fm >= mix_min) or out_min <= child.f_out
+            ]
             kids.reverse()  # ties keep insertion order once popped
             kids.sort(key=lambda kid: kid[0])
             return kids
@@ -347,9 +366,13 @@ class TrieMemory:
     def sizes(self) -> dict:
         """Trie count and node counts (all, with input frequency, with output frequency)."""
         tries = self.mem.values()
-        return {"trie_count": len(self.mem), "nodes": sum(t.n_node for t in tries),
-                "input_nodes": sum(t.n_input_node for t in tries),
-                "output_nodes": sum(t.n_output_node for t in tries), "prune_passes": self.prune_passes}
+        return {
+            "trie_count": len(self.mem),
+            "nodes": sum(t.n_node for t in tries),
+            "input_nodes": sum(t.n_input_node for t in tries),
+            "output_nodes": sum(t.n_output_node for t in tries),
+            "prune_passes": self.prune_passes,
+        }
 
 
 def parallel_layout(tokens: list[int], parents: list[int]) -> tuple[list[int], list[int]]:
@@ -371,7 +394,7 @@ def parallel_layout(tokens: list[int], parents: list[int]) -> tuple[list[int], l
             path.append(node)
             node = parents[node]
         previous = 0
-        for node in reversed(path[-(budget - len(out_tokens)):]):
+        for node in reversed(path[-(budget - len(out_tokens)) :]):
             out_parents.append(previous)
             previous = len(out_tokens)
             out_tokens.append(tokens[node])

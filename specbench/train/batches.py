@@ -54,16 +54,27 @@ def collate(items: list[SelfDistilled], pad_id: int) -> Batch:
     width = max(map(len, sequences))
     ids = torch.full((len(items), width), pad_id, dtype=torch.long)  # [batch, width]
     mask = torch.zeros_like(ids)
-    row_batch, row_pos = [], []
+    row_batch: list[int] = []
+    row_pos: list[int] = []
+    topk_ids: list[list[int]] = []
+    topk_logprobs: list[list[float]] = []
     for b, (item, seq) in enumerate(zip(items, sequences)):
+        assert item.topk_ids is not None and item.topk_logprobs is not None  # soft labels (check_soft_labels)
         ids[b, : len(seq)] = torch.tensor(seq)
         mask[b, : len(seq)] = 1
         first = len(item.prompt_ids) - 1
         row_batch += [b] * len(item.output_ids)
         row_pos += range(first, first + len(item.output_ids))
-    topk_ids = torch.tensor([row for item in items for row in item.topk_ids])  # [rows, k]
-    topk_logprobs = torch.tensor([row for item in items for row in item.topk_logprobs])  # [rows, k]
-    return Batch(ids, mask, torch.tensor(row_batch), torch.tensor(row_pos), topk_ids, topk_logprobs)
+        topk_ids += item.topk_ids
+        topk_logprobs += item.topk_logprobs
+    return Batch(
+        ids,
+        mask,
+        torch.tensor(row_batch),
+        torch.tensor(row_pos),
+        torch.tensor(topk_ids),  # [rows, k]
+        torch.tensor(topk_logprobs),  # [rows, k]
+    )
 
 
 def answer_logits(model, batch: Batch) -> torch.Tensor:

@@ -33,7 +33,9 @@ def digest(obj) -> str:
 
 def container(node) -> dict:
     """A config node as plain, resolved Python data (for digests and JSON records)."""
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+    data = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+    assert isinstance(data, dict)  # a DictConfig converts to a dict
+    return data
 
 
 def model_identity(lm: LoadedModel) -> dict:

@@ -16,9 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from specbench.errors import ModelUnavailable
+from specbench.files import atomic_dir
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = "specbench.manifest/1"
+TRAINING_FILE = "training.json"
+"""The training record a trainer writes beside its part (settings, data, loss curve, accuracy)."""
 
 
 def files_digest(folder: Path, names: list[str]) -> str:
@@ -68,6 +71,19 @@ def read_manifest(folder: Path) -> dict | None:
         return None
 
 
+def trained_with(folder: Path, settings_digest: str) -> bool:
+    """Whether ``folder`` holds a part whose training finished with exactly these settings."""
+    manifest = read_manifest(folder)
+    return bool(manifest and manifest.get("finished") and manifest.get("settings_digest") == settings_digest)
+
+
+def finished_training(folder: Path, settings_digest: str) -> dict | None:
+    """The saved training record when ``folder`` holds a part whose training finished with these settings."""
+    if not trained_with(folder, settings_digest):
+        return None
+    return json.loads((Path(folder) / TRAINING_FILE).read_text(encoding="utf-8"))
+
+
 def finished_manifest(folder: Path, kind: str, train_command: str) -> dict:
     """The manifest of a trained part that may be used, or ModelUnavailable saying how to (re)train it."""
     manifest = read_manifest(folder)
@@ -88,3 +104,29 @@ def finished_manifest(folder: Path, kind: str, train_command: str) -> dict:
 def part_name(kind: str, folder: Path | str, manifest: dict | None) -> str:
     """How a run names a part it used: ``<kind>:<weights digest>`` for trained parts, else where it came from."""
     return f"{kind}:{manifest['weights_digest']}" if manifest else f"{kind}:{folder}"
+
+
+def save_trained_heads(
+    folder: Path, kind: str, weight_file: str, state: dict, config_file: str, config: dict, training: dict
+) -> None:
+    """Write a trained head part into ``folder`` atomically (replacing what was there): the weights
+    (safetensors), its config, the training record and, last, the manifest (``training`` holds ``digest``,
+    ``data``, ``result`` and ``accuracy``)."""
+    from safetensors.torch import save_file
+
+    with atomic_dir(folder) as staging:
+        save_file({key: value.detach().contiguous().cpu() for key, value in state.items()}, str(staging / weight_file))
+        (staging / config_file).write_text(json.dumps(config, indent=2) + "\n")
+        (staging / TRAINING_FILE).write_text(json.dumps(training, indent=2) + "\n")
+        result = training["result"]
+        write_manifest(
+            staging,
+            kind,
+            [weight_file],
+            training["digest"],
+            training.get("data"),
+            result["steps"],
+            result["steps_planned"],
+            result["stopped_by"],
+            {"top1": (training.get("accuracy") or {}).get("top1")},
+        )

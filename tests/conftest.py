@@ -12,8 +12,14 @@ from specbench.models.loading import build_tiny_llama
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("SPECBENCH_DATA_DIR", ROOT.parent / "shared" / "datasets"))
-TINY_ARCH = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=128, max_position_embeddings=512)
+TINY_ARCH = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    max_position_embeddings=512,
+)
 
 
 def tiny_model(vocab_size: int = 97, seed: int = 0, **arch) -> torch.nn.Module:
@@ -42,3 +48,16 @@ def shared_data() -> Path:
     if not (SHARED_DATA / "humaneval.jsonl").is_file():
         pytest.skip(f"shared datasets not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+@pytest.fixture
+def training_cache(tmp_path, monkeypatch) -> Path:
+    """A fresh SPECBENCH_CACHE that still sees the converted embedded checkpoint (tokenizer of tiny models)."""
+    from specbench.models.embedded import embedded_checkpoint
+
+    checkpoint = embedded_checkpoint()
+    root = tmp_path / "cache"
+    root.mkdir()
+    (root / checkpoint.name).symlink_to(checkpoint)
+    monkeypatch.setenv("SPECBENCH_CACHE", str(root))
+    return root

@@ -8,10 +8,10 @@ from omegaconf import OmegaConf
 
 from specbench.core.acceptance import Sampling
 from specbench.core.loop import Decoder
-from specbench.drafters.draft_model import (DraftLM, check_vocab, common_prefix, load_draft,
-                                            sample_without_replacement)
+from specbench.drafters.draft_model import DraftLM, check_vocab, common_prefix, load_draft
 from specbench.drafters.opt_tree import FixedTree, OptTree
 from specbench.drafters.spede import SpeDe
+from specbench.drafters.tree_fill import sample_without_replacement
 from specbench.engines import HFGenerate, hf_assistant
 from specbench.errors import ConfigError, ModelUnavailable
 from specbench.models.loading import LoadedModel
@@ -246,8 +246,17 @@ def test_tiny_draft_node_and_hf_assisted_equal_ar(pair):
 def test_hf_assisted_with_the_target_as_its_own_assistant(pair):
     target, _ = pair
     lm = LoadedModel(target, None, "tiny", "tiny", frozenset(), 512)
-    kwargs, _ = hf_assistant(OmegaConf.create({"draft": SELF, "num_assistant_tokens": 4, "assistant_confidence_threshold": 0,
-                                            "num_assistant_tokens_schedule": "constant"}), lm)
+    kwargs, _ = hf_assistant(
+        OmegaConf.create(
+            {
+                "draft": SELF,
+                "num_assistant_tokens": 4,
+                "assistant_confidence_threshold": 0,
+                "num_assistant_tokens_schedule": "constant",
+            }
+        ),
+        lm,
+    )
     engine = HFGenerate(target, frozenset(), Sampling(), {}, kwargs)
     with torch.inference_mode():
         gen = engine.generate([3, 1, 4], 25)
@@ -262,12 +271,23 @@ def embedded_case(embedded):
     """A chat prompt for the embedded model and its 24-token greedy AR continuation."""
     prompt = embedded.tokenizer.apply_chat_template(
         [{"role": "user", "content": "Write a Python function that adds two numbers."}],
-        add_generation_prompt=True, tokenize=True)["input_ids"]
+        add_generation_prompt=True,
+        tokenize=True,
+    )["input_ids"]
     return prompt, ar_greedy(embedded.model, prompt, 24, embedded.eos_ids).output_ids
 
 
-TINY_DRAFT = {"source": "tiny", "tiny": {"seed": 1, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
-                                         "num_key_value_heads": 1, "intermediate_size": 64}}
+TINY_DRAFT = {
+    "source": "tiny",
+    "tiny": {
+        "seed": 1,
+        "hidden_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "intermediate_size": 64,
+    },
+}
 
 
 @pytest.mark.slow
@@ -289,7 +309,8 @@ def test_embedded_greedy_equals_ar(embedded, embedded_case, name, draft):
 @pytest.mark.slow
 def test_distilled_draft_loads_from_the_cache(embedded, tmp_path, monkeypatch):
     """The embedded model's default draft node (source: distilled) loads what `specbench.train draft` leaves in
-    the cache and checks the tokenizer; a stand-in draft (tiny, the embedded vocabulary) takes the trained one's place."""
+    the cache and checks the tokenizer; a stand-in draft (tiny, the embedded vocabulary) takes the trained one's
+    place."""
     from specbench.config import compose_config
     from specbench.manifest import write_manifest
     from specbench.models.loading import build_tiny_llama
@@ -298,8 +319,15 @@ def test_distilled_draft_loads_from_the_cache(embedded, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
     folder = distilled_draft_dir("smollm2_135m")
     vocab = embedded.model.get_output_embeddings().weight.shape[0]
-    build_tiny_llama(vocab, seed=3, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                     num_key_value_heads=1, intermediate_size=64).save_pretrained(folder)
+    build_tiny_llama(
+        vocab,
+        seed=3,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+    ).save_pretrained(folder)
     embedded.tokenizer.save_pretrained(folder)
     write_manifest(folder, "distilled draft", ["model.safetensors"], "settings", "data", 1, 1, "steps")
     cfg = compose_config("model=smollm2_135m", "method=spede")

@@ -10,18 +10,43 @@ import pytest
 from tests.conftest import ROOT
 
 LAYERS = [  # lowest first; a module belongs to the first layer whose prefix it matches
-    ("foundation", ("specbench.errors", "specbench.schema", "specbench.config", "specbench.cli", "specbench.manifest",
-                    "specbench.environment",
-                    "specbench.hub", "specbench.files", "specbench.paths", "specbench.store")),
+    (
+        "foundation",
+        (
+            "specbench.errors",
+            "specbench.schema",
+            "specbench.config",
+            "specbench.cli",
+            "specbench.manifest",
+            "specbench.environment",
+            "specbench.hub",
+            "specbench.files",
+            "specbench.paths",
+            "specbench.store",
+        ),
+    ),
     ("core", ("specbench.core",)),
     ("parts", ("specbench.structures", "specbench.models", "specbench.data", "specbench.corpus", "specbench.train")),
     ("drafters", ("specbench.drafters",)),
     ("runner", ("specbench.runner", "specbench.engines", "specbench.metrics")),
-    ("apps", ("specbench.bench", "specbench.report", "specbench.reproduce", "specbench.profile",
-              "specbench.parity", "specbench.__main__")),
+    (
+        "apps",
+        (
+            "specbench.bench",
+            "specbench.report",
+            "specbench.reproduce",
+            "specbench.profile",
+            "specbench.parity",
+            "specbench.__main__",
+        ),
+    ),
 ]
-SHARED_DRAFTER_PARTS = {"specbench.drafters.draft_model", "specbench.drafters.ngram_chain",
-                        "specbench.drafters.jacobi"}
+SHARED_DRAFTER_PARTS = {
+    "specbench.drafters.draft_model",
+    "specbench.drafters.ngram_chain",
+    "specbench.drafters.jacobi",
+    "specbench.drafters.tree_fill",
+}
 """The drafter modules other drafters may build on (a method never imports another method's drafter)."""
 
 
@@ -67,8 +92,11 @@ def test_no_module_imports_from_a_higher_layer(path):
 def test_drafters_share_code_only_through_common_parts(path):
     """A method's drafter builds on the shared drafter parts, never on another method's drafter."""
     own = module_name(path)
-    borrowed = sorted(target for target in imports(path) if target.startswith("specbench.drafters.")
-                      and target != own and target not in SHARED_DRAFTER_PARTS)
+    borrowed = sorted(
+        target
+        for target in imports(path)
+        if target.startswith("specbench.drafters.") and target != own and target not in SHARED_DRAFTER_PARTS
+    )
     assert not borrowed, f"{own} imports other methods' drafters: {borrowed}"
 
 

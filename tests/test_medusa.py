@@ -38,7 +38,7 @@ from tests.test_loop import ar_greedy
 
 RANDOM_HEADS = {"source": "random", "num_heads": 4, "seed": 0}
 # a 63-node, 4-deep tree with ranks up to 9, shaped like a calibrated sparse tree (geometric accuracies)
-SPARSE_63 = [list(path) for path in sparse_paths([[0.6 * 0.5 ** rank for rank in range(10)]] * 4, 63)]
+SPARSE_63 = [list(path) for path in sparse_paths([[0.6 * 0.5**rank for rank in range(10)]] * 4, 63)]
 
 
 def medusa(heads=None, **tree) -> Medusa:
@@ -47,7 +47,10 @@ def medusa(heads=None, **tree) -> Medusa:
     return Medusa(OmegaConf.create(heads or RANDOM_HEADS), "test_model", OmegaConf.create(tree))
 
 
-def decode(model, drafter, prompt, max_new_tokens, eos=frozenset(), sampling=Sampling(), rule="match"):
+GREEDY = Sampling()
+
+
+def decode(model, drafter, prompt, max_new_tokens, eos=frozenset(), sampling=GREEDY, rule="match"):
     with torch.inference_mode():
         return Decoder(model, drafter, eos, sampling, acceptance_rule(rule)).generate(prompt, max_new_tokens)
 
@@ -95,8 +98,9 @@ def test_load_published_pt_checkpoint_from_folder(tiny, tmp_path):
     state = fabricated_state()
     torch.save({key: value.half() for key, value in state.items()}, tmp_path / "medusa_lm_head.pt")
     # the published v1.3 configs under-count heads: the keys decide
-    (tmp_path / "config.json").write_text(json.dumps({"medusa_num_heads": 2, "medusa_num_layers": 1,
-                                                      "base_model_name_or_path": "lmsys/vicuna-7b-v1.3"}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"medusa_num_heads": 2, "medusa_num_layers": 1, "base_model_name_or_path": "lmsys/vicuna-7b-v1.3"})
+    )
     loaded = load_heads(OmegaConf.create({"source": "hub", "path": str(tmp_path)}), tiny, "tiny")
     assert loaded.heads.num_heads == 3 and not loaded.heads.shares_lm_head
     assert loaded.heads.heads[0][0].linear.weight.dtype == torch.float32  # the target's dtype
@@ -111,11 +115,19 @@ def test_load_published_pt_checkpoint_from_folder(tiny, tmp_path):
 def test_load_bundled_medusa2_checkpoint(tiny, tmp_path):
     """medusa-1.0-* repos: heads under ``medusa_head.`` inside the model's sharded weights."""
     state = fabricated_state(num_heads=2)
-    torch.save({"model.embed_tokens.weight": torch.zeros(97, 64),
-                **{f"medusa_head.{key}": value for key, value in state.items()}}, tmp_path / "shard-2.bin")
+    torch.save(
+        {
+            "model.embed_tokens.weight": torch.zeros(97, 64),
+            **{f"medusa_head.{key}": value for key, value in state.items()},
+        },
+        tmp_path / "shard-2.bin",
+    )
     torch.save({"lm_head.weight": torch.zeros(97, 64)}, tmp_path / "shard-1.bin")
-    weight_map = {"lm_head.weight": "shard-1.bin", "model.embed_tokens.weight": "shard-2.bin",
-                  **{f"medusa_head.{key}": "shard-2.bin" for key in state}}
+    weight_map = {
+        "lm_head.weight": "shard-1.bin",
+        "model.embed_tokens.weight": "shard-2.bin",
+        **{f"medusa_head.{key}": "shard-2.bin" for key in state},
+    }
     (tmp_path / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": weight_map}))
     loaded = load_heads(OmegaConf.create({"source": "hub", "path": str(tmp_path)}), tiny, "tiny")
     hidden = torch.randn(3, 64)
@@ -154,8 +166,13 @@ def test_trained_heads_roundtrip_and_missing_message(tiny, tmp_path, monkeypatch
         load_heads(node, tiny, "tiny_x")
     heads = random_heads(tiny, num_heads=3, seed=1)
     table = [[0.5, 0.2], [0.3, 0.1], [0.1, 0.05]]
-    record = {"rank_accuracy": table, "digest": "settings", "data": "data", "accuracy": {"top1": [0.5, 0.3, 0.1]},
-              "result": {"steps": 5, "steps_planned": 5, "stopped_by": "max_steps"}}
+    record = {
+        "rank_accuracy": table,
+        "digest": "settings",
+        "data": "data",
+        "accuracy": {"top1": [0.5, 0.3, 0.1]},
+        "result": {"steps": 5, "steps_planned": 5, "stopped_by": "max_steps"},
+    }
     save_heads(heads, trained_dir("tiny_x"), "tiny", record)
     save_heads(heads, trained_dir("tiny_x"), "tiny", record)  # replacing is atomic too
     loaded = load_heads(node, tiny, "tiny_x")
@@ -164,7 +181,11 @@ def test_trained_heads_roundtrip_and_missing_message(tiny, tmp_path, monkeypatch
     hidden = torch.randn(2, 64)
     torch.testing.assert_close(loaded.heads(hidden), heads(hidden))
     assert sorted(p.name for p in trained_dir("tiny_x").iterdir()) == [
-        "config.json", "manifest.json", "medusa_lm_head.safetensors", "training.json"]
+        "config.json",
+        "manifest.json",
+        "medusa_lm_head.safetensors",
+        "training.json",
+    ]
     (trained_dir("tiny_x") / "manifest.json").unlink()  # e.g. a partial copy: never used silently
     with pytest.raises(ModelUnavailable, match="has no manifest.json"):
         load_heads(node, tiny, "tiny_x")
@@ -273,15 +294,22 @@ def test_sparse_budget_beyond_the_published_tree_is_an_error():
     with pytest.raises(ConfigError, match="has 63 nodes.*calibration table"):
         tree_paths(cfg, None, 5, "vicuna_7b_stage2")
     # a calibration table still builds any budget (our trained heads)
-    paths, source = tree_paths(cfg, [[0.6 * 0.5 ** r for r in range(10)]] * 4, 4, "vicuna_7b_stage2")
+    paths, source = tree_paths(cfg, [[0.6 * 0.5**r for r in range(10)]] * 4, 4, "vicuna_7b_stage2")
     assert source == "sparse" and len(paths) == 128
 
 
-@pytest.mark.parametrize("model,tree", [("vicuna_7b", "mc_sim_7b_63"), ("vicuna_13b", "mc_sim_7b_63"),
-                                        ("vicuna_33b", "mc_sim_7b_63"), ("medusa2_vicuna_7b", "vicuna_7b_stage2"),
-                                        ("medusa2_vicuna_13b", "vicuna_13b_stage2"),
-                                        ("medusa2_vicuna_33b", "vicuna_33b_stage2"),
-                                        ("medusa2_zephyr_7b", "zephyr_stage2")])
+@pytest.mark.parametrize(
+    "model,tree",
+    [
+        ("vicuna_7b", "mc_sim_7b_63"),
+        ("vicuna_13b", "mc_sim_7b_63"),
+        ("vicuna_33b", "mc_sim_7b_63"),
+        ("medusa2_vicuna_7b", "vicuna_7b_stage2"),
+        ("medusa2_vicuna_13b", "vicuna_13b_stage2"),
+        ("medusa2_vicuna_33b", "vicuna_33b_stage2"),
+        ("medusa2_zephyr_7b", "zephyr_stage2"),
+    ],
+)
 def test_model_configs_name_their_published_tree(model, tree):
     """Every config of published heads names a published tree, so tree.kind=sparse never lacks one; Medusa-2
     configs load backbone and heads from one checkpoint and say which model they change."""
@@ -389,8 +417,9 @@ def test_greedy_medusa_equals_ar_embedded(embedded):
     drafter = medusa({**RANDOM_HEADS, "num_heads": 3}, kind="dense", sizes=[3, 2, 1])
     drafter.setup(model, tok)
     for question in ["Write a Python function that adds two numbers.", "Name two colours."]:
-        prompt = tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
-                                         tokenize=True)["input_ids"]
+        prompt = tok.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True
+        )["input_ids"]
         truth = ar_greedy(model, prompt, 20, embedded.eos_ids).output_ids
         assert decode(model, drafter, prompt, 20, eos=embedded.eos_ids).output_ids == truth
 
@@ -413,19 +442,23 @@ def test_head_labels_and_feature_alignment(tiny):
 
 
 @pytest.mark.slow
-def test_train_medusa_end_to_end_tiny(tmp_path, monkeypatch, shared_data):
+def test_train_medusa_end_to_end_tiny(training_cache, shared_data):
     """`train medusa` on tiny_llama: saves heads + accuracies, is a no-op when rerun, and the heads decode."""
     from specbench.config import compose_config
-    from specbench.models.embedded import embedded_checkpoint
     from specbench.models.loading import load_model
     from specbench.train import medusa as medusa_train
 
-    checkpoint = embedded_checkpoint()  # the tiny model borrows its tokenizer; keep the conversion cached
-    (tmp_path / checkpoint.name).symlink_to(checkpoint)
-    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
-    args = ["model=tiny_llama", f"data_dir={shared_data}", "prompts.max_prompts=5", "prompts.max_new_tokens=10",
-            "heads.num_heads=3", "train.max_steps=2", "train.batch_size=8", "train.eval_sequences=2",
-            "progress=false"]
+    args = [
+        "model=tiny_llama",
+        f"data_dir={shared_data}",
+        "prompts.max_prompts=5",
+        "prompts.max_new_tokens=10",
+        "heads.num_heads=3",
+        "train.max_steps=2",
+        "train.batch_size=8",
+        "train.eval_sequences=2",
+        "progress=false",
+    ]
     folder = medusa_train.main(args)
     record = json.loads((folder / "training.json").read_text())
     assert record["result"]["steps"] == 2 and record["accuracy"]["positions"] > 0
@@ -435,8 +468,9 @@ def test_train_medusa_end_to_end_tiny(tmp_path, monkeypatch, shared_data):
     assert medusa_train.main(args) == folder and weights.stat().st_mtime_ns == stamp  # cached: no-op
 
     lm = load_model(compose_config("model=tiny_llama").model, torch.device("cpu"), torch.float32)
-    drafter = Medusa(OmegaConf.create({"source": "trained"}), "tiny_llama",
-                     OmegaConf.create({"kind": "sparse", "node_budget": 6}))
+    drafter = Medusa(
+        OmegaConf.create({"source": "trained"}), "tiny_llama", OmegaConf.create({"kind": "sparse", "node_budget": 6})
+    )
     drafter.setup(lm.model, lm.tokenizer)
     assert drafter.stats()["tree"] == "sparse" and drafter.stats()["tree_nodes"] == 6
     prompt = [1, 2, 3, 4]

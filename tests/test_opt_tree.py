@@ -7,12 +7,13 @@ import torch
 from omegaconf import OmegaConf
 
 from specbench.core.acceptance import Sampling
+from specbench.core.drafter import DecodeContext
 from specbench.core.loop import Decoder
 from specbench.core.rules import acceptance_rule
-from specbench.core.drafter import DecodeContext
-from specbench.drafters.opt_tree import FixedTree, OptTree, OptTreeBuilder
+from specbench.drafters.opt_tree import FixedTree, OptTree
 from specbench.drafters.spede import SpeDe
 from specbench.errors import ConfigError
+from specbench.structures.tree_builders import OptTreeBuilder
 from specbench.structures.tree_shapes import TreeShape, binary_paths, static_paths
 from tests.conftest import tiny_model
 from tests.helpers import exact_joint, pearson_statistic, sampled_outputs
@@ -65,8 +66,11 @@ def test_values_are_path_products_and_decrease_along_paths(seed):
         assert builder.values[1][i] == pytest.approx(builder.values[0][parent] * float(layer2[parent, token]))
         assert builder.values[1][i] <= builder.values[0][parent]
     # the layer keeps the global top-n of parent x top-n children
-    every = sorted((builder.values[0][p] * float(q), p, t) for p in range(len(builder.tokens[0]))
-                   for t, q in enumerate(layer2[p].tolist()))
+    every = sorted(
+        (builder.values[0][p] * float(q), p, t)
+        for p in range(len(builder.tokens[0]))
+        for t, q in enumerate(layer2[p].tolist())
+    )
     best = sorted(v for v, _, _ in every)[-6:]
     assert sorted(builder.values[1]) == pytest.approx(best, rel=1e-6)
 
@@ -147,8 +151,11 @@ def test_tree_shapes():
     assert len(static) - 1 == 7 and static.max_depth == 3
     assert [len(static.layer(d)) for d in range(1, 4)] == [3, 3, 1]
     assert static_paths([0.9, 0.05], nodes=3, max_depth=2) == [(0,), (0, 0), (1,)]  # depth capped at 2
-    for bad in ({"rank_hits": [], "nodes": 3, "max_depth": 2}, {"rank_hits": [0.5], "nodes": 0, "max_depth": 2},
-                {"rank_hits": [0.5], "nodes": 3, "max_depth": 0}):
+    for bad in (
+        {"rank_hits": [], "nodes": 3, "max_depth": 2},
+        {"rank_hits": [0.5], "nodes": 0, "max_depth": 2},
+        {"rank_hits": [0.5], "nodes": 3, "max_depth": 0},
+    ):
         with pytest.raises(ConfigError):
             static_paths(**bad)
     assert len(binary_paths(30)) == 30 and max(map(len, binary_paths(30))) == 4
@@ -163,7 +170,9 @@ def test_tree_shapes():
 
 def test_fixed_tree_children_are_the_drafts_top_k():
     target = tiny_model(seed=0)
-    drafter = FixedTree(shape="paths", paths=[[0], [1], [2], [0, 0], [0, 1]], draft=OmegaConf.create({"source": "target"}))
+    drafter = FixedTree(
+        shape="paths", paths=[[0], [1], [2], [0, 0], [0, 1]], draft=OmegaConf.create({"source": "target"})
+    )
     drafter.setup(target, None)
     drafter.reset([4, 5])
     with torch.inference_mode():
@@ -176,8 +185,10 @@ def test_fixed_tree_children_are_the_drafts_top_k():
 TEMP = 0.5  # far from 1, so a draft distribution recorded without the warping would bias the output
 SAMPLED = {
     "spede": (lambda d: SpeDe(num_assistant_tokens=3, schedule="constant", draft=d, temperature=TEMP), "speculative"),
-    "binary_sampled": (lambda d: FixedTree(shape="binary", nodes=6, sample_children=True, draft=d, temperature=TEMP),
-                       "speculative"),
+    "binary_sampled": (
+        lambda d: FixedTree(shape="binary", nodes=6, sample_children=True, draft=d, temperature=TEMP),
+        "speculative",
+    ),
 }
 
 

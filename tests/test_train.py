@@ -8,35 +8,33 @@ import pytest
 import torch
 
 from specbench.errors import ConfigError, DataUnavailable
-from specbench.models.embedded import embedded_checkpoint
-from specbench.paths import cache_root
+from specbench.paths import cache_root, distilled_draft_dir
 from specbench.train import __main__ as cli
 from specbench.train import selfdistill, sources
 from specbench.train.agreement import chain_steps
 from specbench.train.common import compose_train, load_target
-from specbench.paths import distilled_draft_dir
 from specbench.train.draft import layer_plan, settings_digest
 from tests.helpers import exit_code
 
-TINY_DATA = ["model=tiny_llama", "device=cpu", "prompts.max_prompts=4", "prompts.max_new_tokens=6",
-             "prompts.batch_size=3", "prompts.teacher_topk=5"]
-TINY_DRAFT = TINY_DATA + ["draft.num_layers=1", "train.steps=3", "train.batch_size=2",
-                          "train.eval_sequences=1", "progress=false"]
+TINY_DATA = [
+    "model=tiny_llama",
+    "device=cpu",
+    "prompts.max_prompts=4",
+    "prompts.max_new_tokens=6",
+    "prompts.batch_size=3",
+    "prompts.teacher_topk=5",
+]
+TINY_DRAFT = TINY_DATA + [
+    "draft.num_layers=1",
+    "train.steps=3",
+    "train.batch_size=2",
+    "train.eval_sequences=1",
+    "progress=false",
+]
 
 
 @pytest.fixture
-def cache(tmp_path, monkeypatch):
-    """A fresh SPECBENCH_CACHE that still sees the converted embedded checkpoint (tokenizer of tiny models)."""
-    checkpoint = embedded_checkpoint()
-    root = tmp_path / "cache"
-    root.mkdir()
-    (root / checkpoint.name).symlink_to(checkpoint)
-    monkeypatch.setenv("SPECBENCH_CACHE", str(root))
-    return root
-
-
-@pytest.fixture
-def tiny_setup(cache, shared_data):
+def tiny_setup(training_cache, shared_data):
     """The tiny target and the self-distillation config of the tests."""
     cfg = compose_train("draft", TINY_DATA + [f"data_dir={shared_data}"])
     return load_target(cfg), cfg
@@ -50,9 +48,13 @@ def test_self_distilled_greedy_answers_are_cached(tiny_setup, monkeypatch):
     assert all(len(item.topk_ids) == 6 and len(item.topk_ids[0]) == 5 for item in data)
     # greedy: every answer token is the top-1 of the distribution recorded while generating it
     assert all(row[0] == token for item in data for row, token in zip(item.topk_ids, item.output_ids))
-    assert all(item.prompt_ids[:3] == lm.tokenizer.apply_chat_template(
-        [{"role": "user", "content": "x"}], tokenize=True, add_generation_prompt=True)["input_ids"][:3]
-        for item in data)  # rendered with the chat template, like the runner
+    assert all(
+        item.prompt_ids[:3]
+        == lm.tokenizer.apply_chat_template(
+            [{"role": "user", "content": "x"}], tokenize=True, add_generation_prompt=True
+        )["input_ids"][:3]
+        for item in data
+    )  # rendered with the chat template, like the runner
     files = list((cache_root() / "selfdistill" / "tiny_llama").glob("*.jsonl"))
     assert len(files) == 1 and json.loads(files[0].read_text().splitlines()[0])["header"]["n_prompts"] == 4
 
@@ -112,8 +114,10 @@ def test_the_guard_drops_a_prompt_that_is_an_evaluation_turn(shared_data):
 
 def test_sharegpt_reads_a_local_copy_and_fails_fast_offline(tmp_path, monkeypatch):
     cfg = compose_train("draft", ["prompts.sources=[sharegpt]", "prompts.sharegpt.file=sg.json"])
-    conversations = [{"conversations": [{"from": "human", "value": "Hi there"}, {"from": "gpt", "value": "Hi"}]},
-                     {"conversations": [{"from": "gpt", "value": "no human turn"}]}]
+    conversations = [
+        {"conversations": [{"from": "human", "value": "Hi there"}, {"from": "gpt", "value": "Hi"}]},
+        {"conversations": [{"from": "gpt", "value": "no human turn"}]},
+    ]
     (tmp_path / "sg.json").write_text(json.dumps(conversations))
     assert sources.source_prompts("sharegpt", cfg.prompts, str(tmp_path)) == ["Hi there"]
     monkeypatch.setattr(sources, "hub_reachable", lambda: False)
@@ -137,7 +141,7 @@ def test_cli_lists_subcommands_and_reports_errors(capsys):
 
 def test_chain_steps_follow_greedy_speculative_decoding():
     # token 0 comes from the prefill; each step accepts up to gamma agreeing drafts plus one target token
-    assert chain_steps([True] * 9, gamma=4) == 2           # 5 + 3 tokens
+    assert chain_steps([True] * 9, gamma=4) == 2  # 5 + 3 tokens
     assert chain_steps([True] + [False] * 4, gamma=4) == 4  # AR pace: one token per step
     assert chain_steps([True, True, True, False, True, True, True], gamma=2) == 2  # 3 + 3 tokens
     assert chain_steps([True], gamma=4) == 0
@@ -153,7 +157,7 @@ def test_layer_plan():
         layer_plan(2, 3, "first")
 
 
-def test_train_draft_end_to_end_saves_a_loadable_draft_once(cache, shared_data, capsys, monkeypatch):
+def test_train_draft_end_to_end_saves_a_loadable_draft_once(training_cache, shared_data, capsys, monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from specbench.train import draft as draft_cli
@@ -161,7 +165,7 @@ def test_train_draft_end_to_end_saves_a_loadable_draft_once(cache, shared_data, 
     overrides = TINY_DRAFT + [f"data_dir={shared_data}"]
     assert cli.main(["draft", *overrides]) == 0
     out = distilled_draft_dir("tiny_llama")
-    assert out.parent == cache / "drafts" and "agreement" in capsys.readouterr().out
+    assert out.parent == training_cache / "drafts" and "agreement" in capsys.readouterr().out
     record = json.loads((out / "training.json").read_text())
     assert record["training"]["steps_done"] == 3 and record["draft"]["copied_target_layers"] == [0]
     after = record["heldout"]["after_training"]

@@ -17,18 +17,23 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from specbench.core.acceptance import Acceptance, Sampling, target_probs
+from specbench.core.acceptance import Acceptance, Sampling
 from specbench.core.drafter import DecodeContext, Drafter
 from specbench.core.tree import DraftTree
 from specbench.core.verify import compact_cache, new_cache
+from specbench.drafters.tree_fill import pick_children
 from specbench.errors import ConfigError, ModelUnavailable
-from specbench.models.loading import build_tiny_llama, eos_token_ids, load_pretrained
 from specbench.manifest import finished_manifest, part_name
+from specbench.models.loading import build_tiny_llama, eos_token_ids, load_pretrained
 from specbench.paths import distilled_draft_dir
 from specbench.structures.tree_rows import TreeRowMask
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 DRAFT_SOURCES = ("hub", "distilled", "tiny", "target")
 
@@ -37,8 +42,8 @@ DRAFT_SOURCES = ("hub", "distilled", "tiny", "target")
 class LoadedDraft:
     """A draft model ready to run beside its target."""
 
-    model: torch.nn.Module
-    tokenizer: object | None  # None when the draft ships no tokenizer (tiny random drafts)
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase | None  # None when the draft ships no tokenizer (tiny random drafts)
     path: str  # where the weights came from (recorded in stats)
     part: str = ""  # how runs name this draft (distilled: its weights digest; else where it came from)
 
@@ -96,7 +101,7 @@ def load_draft(cfg, target_name: str, target, tokenizer) -> LoadedDraft:
             f"this method needs a draft model but model {target_name} names none: set "
             f"model.draft.path=<Hub id or local dir> (a causal LM sharing the target's tokenizer)"
         )
-    model = model.to(device=target.device, dtype=target.dtype).eval()
+    model = model.to(device=target.device, dtype=target.dtype).eval()  # type: ignore[call-arg]  # transformers' @wraps(Module.to) stub does not bind self
     check_vocab(model, draft_tokenizer, target, tokenizer, location)
     return LoadedDraft(model, draft_tokenizer, location, part)
 
@@ -143,16 +148,6 @@ def common_prefix(a: list[int], b: list[int]) -> int:
         else:
             hi = mid - 1
     return lo
-
-
-def sample_without_replacement(probs: torch.Tensor, k: int, generator: torch.Generator | None) -> list[int]:
-    """``k`` ordered draws without replacement from ``probs`` [vocab] (Gumbel-top-k: draw i ~ probs without draws < i).
-
-    NOTE: keys ``p / E`` with ``E ~ Exp(1)`` sorted descending are distributed as sequential draws
-    without replacement; one exponential per token, no Python loop.
-    """
-    keys = probs / torch.empty_like(probs).exponential_(generator=generator)  # [vocab]
-    return keys.topk(k).indices.tolist()
 
 
 class DraftLM:
@@ -270,7 +265,7 @@ class DraftModelDrafter(Drafter):
     interpolate them), used to warp the draft's distribution when drafts are sampled.
     """
 
-    COUNTERS = ("steps", "drafted", "accepted_tokens")
+    COUNTERS: ClassVar[tuple[str, ...]] = ("steps", "drafted", "accepted_tokens")
 
     def __init__(self, draft=None, target_name: str = "target", temperature: float = 0.0, top_p: float = 1.0):
         super().__init__()
@@ -279,7 +274,7 @@ class DraftModelDrafter(Drafter):
         self.sampling = Sampling(temperature, top_p)
         self.sample_drafts = not self.sampling.greedy  # False: top-k drafts (deterministic) at any temperature
         self.lm: DraftLM | None = None
-        self.draft_path = None
+        self.draft_path: str | None = None
         self.draft_part = ""
         self.eos_ids: frozenset[int] = frozenset()
 
@@ -294,6 +289,7 @@ class DraftModelDrafter(Drafter):
 
     def reset(self, prompt_ids: list[int]) -> None:
         """A fresh draft cache per generation (the prompt is fed at the first sync)."""
+        assert self.lm is not None  # loaded by setup
         self.lm.reset()
 
     def propose(self, ctx: DecodeContext) -> DraftTree:
@@ -316,14 +312,8 @@ class DraftModelDrafter(Drafter):
         raise NotImplementedError
 
     def pick(self, logits: torch.Tensor, k: int, generator) -> tuple[list[int], torch.Tensor | None]:
-        """``k`` children from draft logits [vocab]: the top-k, or k draws without replacement when sampling.
-
-        Returns (tokens, q) with q [vocab] the warped draft distribution they were drawn from (None for top-k).
-        """
-        if not self.sample_drafts:
-            return logits.topk(k).indices.tolist(), None
-        probs = target_probs(logits.cpu(), self.sampling)  # [vocab]; the run's generator lives on the CPU
-        return sample_without_replacement(probs, k, generator), probs
+        """``k`` children from draft logits [vocab] and the q [vocab] they were drawn from (None: top-k)."""
+        return pick_children(logits, k, self.sampling if self.sample_drafts else None, generator)
 
     def artefacts(self) -> list[str]:
         """The draft model (its weights digest when distilled here)."""

@@ -15,12 +15,15 @@ top-k tokens per node (or, with ``sample_children``, draws without replacement r
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from specbench.core.acceptance import Acceptance
 from specbench.core.drafter import DecodeContext, knob_choice, knob_int, knob_number
 from specbench.core.tree import DraftTree
 from specbench.drafters.draft_model import DraftModelDrafter
+from specbench.drafters.tree_fill import fill_shape
 from specbench.errors import ConfigError
 from specbench.structures.tree_builders import OptTreeBuilder
 from specbench.structures.tree_shapes import TreeShape, binary_paths, static_paths
@@ -35,12 +38,13 @@ class LayeredTreeDrafter(DraftModelDrafter):
 
     COUNTERS = (*DraftModelDrafter.COUNTERS, "depth_sum")
 
-    def __init__(self, **draft_settings):
+    def __init__(self, **draft_settings: Any) -> None:
         super().__init__(**draft_settings)
         self.node_rows: list[int] = [-1]  # draft-cache tree row of each node of the proposed tree (-1: none)
 
     def update(self, ctx: DecodeContext, tree: DraftTree, accepted: Acceptance) -> None:
         """Keep the draft rows of the accepted path (those that were fed), drop the rest of the tree."""
+        assert self.lm is not None  # loaded by setup
         self.lm.keep_tree_rows([self.node_rows[i] for i in accepted.path[1:] if self.node_rows[i] >= 0])
         self.books.add(depth_sum=max(tree.depths))
 
@@ -72,6 +76,7 @@ class OptTree(LayeredTreeDrafter):
             self.node_rows = [-1]
             self.step_expected.append(0.0)
             return DraftTree.root_only(ctx.root)
+        assert self.lm is not None  # loaded by setup
         builder = OptTreeBuilder(self.nodes)
         builder.add_layer(torch.softmax(self.lm.sync(ctx.tokens), dim=-1)[None])  # [1, vocab] raw q(.|root)
         offsets: list[int] = []  # first draft-cache tree row of each fed layer
@@ -114,9 +119,11 @@ def tree_shape(shape: str, nodes: int | None, paths, rank_hits, max_depth: int |
     """The fixed shape named by the config: a static tree from a rank profile, a binary tree, or ``paths``."""
     knob_choice("shape", shape, SHAPES)
     if shape == "static":
-        return TreeShape.from_paths(static_paths(rank_hits, nodes, max_depth))
+        return TreeShape.from_paths(
+            static_paths(rank_hits, knob_int("nodes", nodes, 1, "n"), knob_int("max_depth", max_depth, 1))
+        )
     if shape == "binary":
-        return TreeShape.from_paths(binary_paths(nodes))
+        return TreeShape.from_paths(binary_paths(knob_int("nodes", nodes, 1, "n")))
     if not paths:
         raise ConfigError("method.drafter.paths must list rank paths (e.g. [[0],[1],[0,0]]) when shape=paths")
     return TreeShape.from_paths(paths)
@@ -148,6 +155,7 @@ class FixedTree(LayeredTreeDrafter):
     def setup(self, target, tokenizer) -> None:
         """Load the draft; refuse shapes that want more children per node than the vocabulary has."""
         super().setup(target, tokenizer)
+        assert self.lm is not None  # loaded by super().setup
         widest = max(len(kids) for kids in self.shape.children())
         if widest > self.lm.target_vocab:
             raise ConfigError(
@@ -156,32 +164,20 @@ class FixedTree(LayeredTreeDrafter):
             )
 
     def draft_tree(self, ctx: DecodeContext) -> DraftTree:
-        """Fill the shape (pruned to the budget) depth by depth."""
+        """Fill the shape (pruned to the budget) depth by depth, one draft forward per depth with children."""
+        assert self.lm is not None  # loaded by setup
+        lm = self.lm
         shape = self.shape.pruned(ctx.remaining - 1)
         self.node_rows = [-1] * len(shape)
         if len(shape) == 1:
             return DraftTree.root_only(ctx.root)
-        kids = shape.children()
-        tokens = [ctx.root] + [0] * (len(shape) - 1)
-        q_rows: list[torch.Tensor | None] = [None] * len(shape)
-        logits = {0: self.lm.sync(ctx.tokens)}  # node -> draft logits [vocab] for its children
-        for depth in range(1, shape.max_depth + 1):
-            for parent, row in logits.items():
-                children, q_rows[parent] = self.pick(row, len(kids[parent]), ctx.generator)
-                for node, token in zip(kids[parent], children):
-                    tokens[node] = token
-            feeding = [node for node in shape.layer(depth) if kids[node]]
-            if not feeding:
-                break
-            first = len(self.lm.tree_tokens)
-            parent_rows = [self.node_rows[shape.parents[node]] for node in feeding]
-            out = self.lm.tree_layer([tokens[node] for node in feeding], parent_rows, depth)  # [k, vocab]
-            logits = {}
-            for i, node in enumerate(feeding):
+
+        def feed(depth: int, nodes: list[int], tokens: list[int]) -> torch.Tensor:
+            first = len(lm.tree_tokens)
+            parent_rows = [self.node_rows[shape.parents[node]] for node in nodes]
+            for i, node in enumerate(nodes):
                 self.node_rows[node] = first + i
-                logits[node] = out[i]
-        tree = DraftTree(tokens, list(shape.parents))
-        if self.sample_drafts:
-            leaf = torch.zeros(self.lm.target_vocab)
-            tree.draft_probs = torch.stack([q if q is not None else leaf for q in q_rows])  # [n, vocab]
-        return tree
+            return lm.tree_layer([tokens[node] for node in nodes], parent_rows, depth)  # [k, vocab]
+
+        sampling = self.sampling if self.sample_drafts else None
+        return fill_shape(shape, ctx.root, lm.sync(ctx.tokens), feed, sampling, ctx.generator)

@@ -22,15 +22,18 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from specbench.errors import ConfigError, ModelUnavailable
-from specbench.files import atomic_dir
 from specbench.hub import hub_reachable
-from specbench.manifest import finished_manifest, part_name, write_manifest
+from specbench.manifest import TRAINING_FILE, finished_manifest, part_name, save_trained_heads
 from specbench.paths import cache_root
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 SOURCES = ("hub", "trained", "random")
 WEIGHT_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
@@ -42,7 +45,6 @@ BUNDLED_FILES = (
 )
 BUNDLED_PREFIX = "medusa_head."
 CONFIG_FILE = "config.json"
-TRAINING_FILE = "training.json"
 KEY_PATTERN = re.compile(r"^(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)$")
 
 
@@ -78,7 +80,7 @@ class MedusaHeads(nn.Module):
 
     def _head(self, own_output: bool) -> nn.Sequential:
         """One head: L residual blocks, then (unless shared) its own output layer."""
-        blocks = [ResBlock(self.hidden_size) for _ in range(self.num_layers)]
+        blocks: list[nn.Module] = [ResBlock(self.hidden_size) for _ in range(self.num_layers)]
         if own_output:
             blocks.append(nn.Linear(self.hidden_size, self.vocab_size, bias=False))
         return nn.Sequential(*blocks)
@@ -127,8 +129,9 @@ def checkpoint_layout(state: dict[str, torch.Tensor]) -> tuple[int, int, bool]:
             f"not a Medusa heads state dict (unexpected keys {bad[:3] or 'none at all'}); "
             f"expected '{{head}}.{{layer}}.linear.weight' / '{{head}}.{{layers}}.weight'"
         )
-    heads = sorted({int(m.group(1)) for m in matches})
-    layers = sorted({int(m.group(2)) for m in matches if m.group(3).startswith("linear")})
+    found = [m for m in matches if m is not None]  # all of them: no key was bad
+    heads = sorted({int(m.group(1)) for m in found})
+    layers = sorted({int(m.group(2)) for m in found if m.group(3).startswith("linear")})
     if heads != list(range(len(heads))) or layers != list(range(len(layers))) or not layers:
         raise ConfigError(f"Medusa heads state dict has gaps: heads {heads}, residual layers {layers}")
     outputs = [f"{k}.{len(layers)}.weight" in state for k in heads]
@@ -137,7 +140,7 @@ def checkpoint_layout(state: dict[str, torch.Tensor]) -> tuple[int, int, bool]:
     return len(heads), len(layers), all(outputs)
 
 
-def heads_from_state(state: dict[str, torch.Tensor], target: nn.Module) -> MedusaHeads:
+def heads_from_state(state: dict[str, torch.Tensor], target: PreTrainedModel) -> MedusaHeads:
     """Build heads for ``target`` from a state dict (no extra copy), on its device and in its dtype."""
     num_heads, num_layers, own_output = checkpoint_layout(state)
     lm_head = target.get_output_embeddings()
@@ -154,7 +157,7 @@ def heads_from_state(state: dict[str, torch.Tensor], target: nn.Module) -> Medus
     return heads.to(device=lm_head.weight.device, dtype=lm_head.weight.dtype).eval().requires_grad_(False)
 
 
-def random_heads(target: nn.Module, num_heads: int, seed: int, num_layers: int = 1) -> MedusaHeads:
+def random_heads(target: PreTrainedModel, num_heads: int, seed: int, num_layers: int = 1) -> MedusaHeads:
     """Seeded random heads sharing the target's LM head (tests and smoke runs of the machinery)."""
     lm_head = target.get_output_embeddings()
     vocab, hidden = lm_head.weight.shape
@@ -172,7 +175,11 @@ def read_tensors(path: Path, prefix: str = "") -> dict[str, torch.Tensor]:
         from safetensors import safe_open
 
         with safe_open(str(path), framework="pt") as handle:
-            return {key[len(prefix) :]: handle.get_tensor(key) for key in handle.keys() if key.startswith(prefix)}
+            return {
+                key[len(prefix) :]: handle.get_tensor(key)
+                for key in handle.keys()  # noqa: SIM118 (safe_open handles have keys() but are not iterable)
+                if key.startswith(prefix)
+            }
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except RuntimeError:  # legacy (non-zip) pickles cannot be memory-mapped
@@ -222,7 +229,7 @@ def _read_checkpoint(files: CheckpointFiles, cached_only: bool) -> dict[str, tor
     return None
 
 
-def published_heads(path: str, revision: str | None, target: nn.Module) -> LoadedHeads:
+def published_heads(path: str, revision: str | None, target: PreTrainedModel) -> LoadedHeads:
     """Heads from a Hub id or a local folder in FasterDecoding's format (HF cache first, then the Hub)."""
     files = CheckpointFiles(path, revision)
     state = _read_checkpoint(files, cached_only=True)
@@ -254,7 +261,7 @@ def trained_dir(target_name: str) -> Path:
     return cache_root() / "medusa" / target_name
 
 
-def trained_heads(target_name: str, target: nn.Module) -> LoadedHeads:
+def trained_heads(target_name: str, target: PreTrainedModel) -> LoadedHeads:
     """Our own trained heads for ``target_name`` (only if their manifest says training finished), with the
     calibration table saved beside them."""
     folder = trained_dir(target_name)
@@ -269,19 +276,25 @@ def trained_heads(target_name: str, target: nn.Module) -> LoadedHeads:
     return LoadedHeads(heads, str(folder), calibration_table(folder), part_name("medusa", folder, manifest))
 
 
-def load_heads(node, target: nn.Module, target_name: str) -> LoadedHeads:
-    """The heads a ``conf/model/*.yaml`` ``medusa:`` node names, bound to ``target``."""
+def head_source(node, key: str, target_name: str) -> str:
+    """The checked ``source`` of a model config's head node (``medusa:`` or ``eagle:``); a hub node needs a path."""
     if node is None:
         raise ConfigError(
-            f"model '{target_name}' has no 'medusa:' node; add one to its conf/model file "
-            f"(source: hub | trained | random)"
+            f"model '{target_name}' has no '{key}:' node; add one to its conf/model file "
+            f"(source: {' | '.join(SOURCES)})"
         )
     source = node.get("source")
     if source not in SOURCES:
-        raise ConfigError(f"model.medusa.source must be one of {SOURCES}; got {source!r}")
+        raise ConfigError(f"model.{key}.source must be one of {SOURCES}; got {source!r}")
+    if source == "hub" and not node.get("path"):
+        raise ConfigError(f"model.{key}.path must name a Hub repo or folder when model.{key}.source=hub")
+    return str(source)
+
+
+def load_heads(node, target: PreTrainedModel, target_name: str) -> LoadedHeads:
+    """The heads a ``conf/model/*.yaml`` ``medusa:`` node names, bound to ``target``."""
+    source = head_source(node, "medusa", target_name)
     if source == "hub":
-        if not node.get("path"):
-            raise ConfigError("model.medusa.path must name a Hub repo or folder when model.medusa.source=hub")
         return published_heads(node["path"], node.get("revision"), target)
     if source == "trained":
         return trained_heads(target_name, target)
@@ -291,32 +304,13 @@ def load_heads(node, target: nn.Module, target_name: str) -> LoadedHeads:
 
 
 def save_heads(heads: MedusaHeads, folder: Path, base_model: str, training: dict) -> None:
-    """Write heads + config.json + training.json into ``folder`` atomically (replacing what was there)."""
-    from safetensors.torch import save_file
-
-    with atomic_dir(folder) as staging:
-        state = {key: value.detach().contiguous().cpu() for key, value in heads.checkpoint_state().items()}
-        save_file(state, str(staging / WEIGHT_FILES[0]))
-        config = {
-            "medusa_num_heads": heads.num_heads,
-            "medusa_num_layers": heads.num_layers,
-            "base_model_name_or_path": base_model,
-            "hidden_size": heads.hidden_size,
-            "vocab_size": heads.vocab_size,
-            "shares_lm_head": heads.shares_lm_head,
-        }
-        (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-        (staging / TRAINING_FILE).write_text(json.dumps(training, indent=2) + "\n")
-        result = training["result"]
-        top1 = (training.get("accuracy") or {}).get("top1")
-        write_manifest(
-            staging,
-            "Medusa heads",
-            [WEIGHT_FILES[0]],
-            training["digest"],
-            training.get("data"),
-            result["steps"],
-            result["steps_planned"],
-            result["stopped_by"],
-            {"top1": top1},
-        )
+    """Write heads + config.json + training.json and, last, manifest.json into ``folder`` atomically."""
+    config = {
+        "medusa_num_heads": heads.num_heads,
+        "medusa_num_layers": heads.num_layers,
+        "base_model_name_or_path": base_model,
+        "hidden_size": heads.hidden_size,
+        "vocab_size": heads.vocab_size,
+        "shares_lm_head": heads.shares_lm_head,
+    }
+    save_trained_heads(folder, "Medusa heads", WEIGHT_FILES[0], heads.checkpoint_state(), CONFIG_FILE, config, training)

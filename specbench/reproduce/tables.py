@@ -208,7 +208,10 @@ def method_draft(method: str) -> str | None:
     """The paper's name of the draft a method brings itself, whatever the model's draft model is: its config's
     ``paper_draft`` (the EAGLE drafters run the model's EAGLE head), else None."""
     path = CONF_DIR / "method" / f"{method}.yaml"
-    return OmegaConf.load(path).get("paper_draft") if method and path.is_file() else None
+    if not method or not path.is_file():
+        return None
+    draft = OmegaConf.select(OmegaConf.load(path), "paper_draft", default=None)
+    return None if draft is None else str(draft)
 
 
 def draft_measured(row: pd.Series, stand_in: str | None) -> bool:

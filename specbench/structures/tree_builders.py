@@ -4,7 +4,7 @@
   keeps the global top-n nodes by p̂ (the product of the draft's probabilities along the path), drafting
   stops when the gain in E (the sum of the top-n p̂ over the layers built) is <= delta, and the tree is
   the top-n nodes by p̂ over all layers. Used by ``opt_tree`` (a draft model) and ``opt_tree_eagle``.
-- ``ExpandRerankBuilder``: EAGLE-2 (Li et al., EMNLP 2024; docs/methods/eagle.md#eagle-2-dynamic-tree):
+- ``ExpandRerankBuilder``: EAGLE-2 (Li et al., EMNLP 2024; docs/methods/eagle.md#trees):
   expansion keeps, per layer, every child of the top_k most confident nodes of the layer above and feeds
   only those top_k nodes; reranking keeps the most confident nodes over all layers.
 
@@ -45,7 +45,7 @@ class OptTreeBuilder:
     def add_layer(self, probs: torch.Tensor) -> None:
         """Grow one layer from raw draft distributions [k, vocab] of the newest layer's nodes ([1, vocab]: root's)."""
         first = self._newest is None
-        parent_values = probs.new_ones(1) if first else self._newest  # [k]
+        parent_values = probs.new_ones(1) if self._newest is None else self._newest  # [k]
         per_parent = min(self.nodes, probs.shape[-1])
         child_probs, child_tokens = probs.topk(per_parent, dim=-1)  # [k, per_parent]
         scores = (parent_values[:, None] * child_probs).flatten()  # [k * per_parent]
@@ -119,7 +119,7 @@ class ExpandRerankBuilder:
         first = self._frontier_values is None
         width = min(self.top_k, logprobs.shape[-1])
         child_logprobs, child_tokens = logprobs.topk(width, dim=-1)  # [k, width]
-        parent_values = logprobs.new_zeros(1) if first else self._frontier_values  # [k]
+        parent_values = logprobs.new_zeros(1) if self._frontier_values is None else self._frontier_values  # [k]
         values = (parent_values[:, None] + child_logprobs).flatten()  # [k * width]
         rows = torch.arange(values.numel(), device=values.device) // width  # [k * width] feeding row of each
         self.tokens.append(child_tokens.flatten().tolist())
@@ -131,7 +131,9 @@ class ExpandRerankBuilder:
 
     def select(self, budget: int) -> list[tuple[int, int]]:
         """The ``budget`` most valuable candidates as (layer, index) pairs in depth order (parents first)."""
-        ranked = sorted((-value, layer, i) for layer, values in enumerate(self.values) for i, value in enumerate(values))
+        ranked = sorted(
+            (-value, layer, i) for layer, values in enumerate(self.values) for i, value in enumerate(values)
+        )
         return sorted((layer, i) for _, layer, i in ranked[:budget])
 
     def tree(self, root: int, budget: int) -> tuple[DraftTree, list[tuple[int, int]]]:

@@ -32,7 +32,7 @@ from tqdm import tqdm
 from specbench import environment
 from specbench.errors import ConfigError
 from specbench.files import atomic_dir, building
-from specbench.manifest import read_manifest, write_manifest
+from specbench.manifest import trained_with, write_manifest
 from specbench.paths import distilled_draft_dir
 from specbench.train.agreement import agreement_report, expected_speedup, latency_report
 from specbench.train.batches import Batch, answer_logits, check_soft_labels, collate
@@ -84,12 +84,6 @@ def settings_digest(cfg: DictConfig) -> str:
     return digest(
         {"model": model, "dtype": cfg.dtype, "prompts": prompts, "draft": container(cfg.draft), "train": train}
     )
-
-
-def already_trained(out_dir: Path, settings: str) -> bool:
-    """Whether ``out_dir`` holds a finished draft trained with these exact settings."""
-    manifest = read_manifest(out_dir)
-    return bool(manifest and manifest.get("finished") and manifest.get("settings_digest") == settings)
 
 
 # --- the draft model ------------------------------------------------------------------------------
@@ -305,7 +299,7 @@ def main(overrides: list[str]) -> None:
     validate(cfg)
     out_dir = Path(cfg.output_dir).expanduser() if cfg.output_dir else distilled_draft_dir(cfg.model.name)
     settings = settings_digest(cfg)
-    if not cfg.force and already_trained(out_dir, settings):
+    if not cfg.force and trained_with(out_dir, settings):
         print(
             f"[specbench] the distilled draft for {cfg.model.name} is up to date: {out_dir} "
             f"(same settings; force=true retrains)"

@@ -28,19 +28,14 @@ from tqdm import tqdm
 
 from specbench.errors import ConfigError
 from specbench.files import building
-from specbench.manifest import read_manifest
-from specbench.models.medusa_heads import TRAINING_FILE, MedusaHeads, save_heads, trained_dir
+from specbench.manifest import finished_training
+from specbench.models.medusa_heads import MedusaHeads, save_heads, trained_dir
 from specbench.train.common import (
     AMP_CHOICES,
     TimeBudget,
     autocast_dtype,
-    compose_train,
-    container,
-    digest,
-    load_target,
-    model_identity,
 )
-from specbench.train.selfdistill import SelfDistilled, data_summary, self_distilled
+from specbench.train.selfdistill import SelfDistilled, data_summary, head_training
 
 IGNORE = -100  # label of a (position, head) whose target lies past the sequence end
 
@@ -114,14 +109,14 @@ def extract_features(backbone, data: list[SelfDistilled], num_heads: int, max_le
     return Features(torch.cat(hidden), torch.cat(labels))
 
 
-def build_heads(lm_head: torch.nn.Module, heads_cfg, device: torch.device) -> MedusaHeads:
+def build_heads(lm_head: torch.nn.Linear, heads_cfg, device: torch.device) -> MedusaHeads:
     """Fresh float32 heads: W_in = 0, W_out from the LM head (own copies, or the frozen head itself)."""
     vocab, hidden = lm_head.weight.shape
     if heads_cfg.train_lm_head:
         heads = MedusaHeads(hidden, vocab, heads_cfg.num_heads, heads_cfg.num_layers)
         with torch.no_grad():
-            for head in heads.heads:
-                head[-1].weight.copy_(lm_head.weight)
+            for k in range(heads.num_heads):  # head k's own output layer (after its residual blocks)
+                heads.heads.get_parameter(f"{k}.{heads.num_layers}.weight").copy_(lm_head.weight)
         return heads.to(device)
     frozen = lm_head if lm_head.weight.dtype == torch.float32 else copy.deepcopy(lm_head).float()
     heads = MedusaHeads(hidden, vocab, heads_cfg.num_heads, heads_cfg.num_layers, frozen.requires_grad_(False))
@@ -242,31 +237,11 @@ def accuracy_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def already_trained(folder: Path, settings_digest: str) -> dict | None:
-    """The saved training record when ``folder`` holds finished heads trained with exactly these settings."""
-    import json
-
-    manifest = read_manifest(folder)
-    if not (manifest and manifest.get("finished") and manifest.get("settings_digest") == settings_digest):
-        return None
-    return json.loads((folder / TRAINING_FILE).read_text())
-
-
 def main(overrides: list[str]) -> Path:
     """Train (or reuse) Medusa heads for ``model``; print and save per-head accuracies."""
-    cfg = compose_train("medusa", overrides)
-    validate(cfg)
-    lm = load_target(cfg)
-    data = self_distilled(lm, cfg.prompts, cfg.data_dir, progress=cfg.progress)
-    folder = Path(cfg.output_dir) if cfg.output_dir else trained_dir(lm.name)
-    settings = {
-        "model": model_identity(lm),
-        "data": digest([[d.prompt_ids, d.output_ids] for d in data]),
-        "heads": container(cfg.heads),
-        "train": container(cfg.train),
-    }
-    settings_digest = digest(settings)
-    previous = None if cfg.force else already_trained(folder, settings_digest)
+    job = head_training("medusa", "heads", overrides, validate, trained_dir)
+    cfg, lm, data, folder = job.cfg, job.lm, job.data, job.folder
+    previous = None if cfg.force else finished_training(folder, job.digest)
     if previous is not None:
         print(f"[specbench] Medusa heads in {folder} are up to date (same settings; force=true retrains)")
         print(accuracy_table(previous["accuracy"]))
@@ -287,8 +262,8 @@ def main(overrides: list[str]) -> Path:
         accuracy = evaluate(heads, held_out, cfg.train.eval_top_k, cfg.train.batch_size, device)
         print(accuracy_table(accuracy))
         record = {
-            "digest": settings_digest,
-            **settings,
+            "digest": job.digest,
+            **job.settings,
             "data_summary": data_summary(data),
             "train_positions": len(train),
             "result": result,

@@ -19,14 +19,15 @@ import fcntl
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from omegaconf import DictConfig
 from tqdm import tqdm
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers import GenerationConfig, GenerationMixin, LogitsProcessor, LogitsProcessorList
 
 from specbench.core.acceptance import sampling_problems
 from specbench.data.prompts import conversation, render
@@ -34,7 +35,7 @@ from specbench.errors import ConfigError
 from specbench.files import write_atomic
 from specbench.models.loading import LoadedModel
 from specbench.paths import cache_root
-from specbench.train.common import container, digest, model_identity
+from specbench.train.common import compose_train, container, digest, load_target, model_identity
 from specbench.train.sources import SOURCES, drop_evaluation_prompts, source_prompts
 
 FORMAT_VERSION = 1
@@ -229,9 +230,11 @@ def generate_batch(
         ids[row, width - len(prompt) :] = torch.tensor(prompt)
         mask[row, width - len(prompt) :] = 1
     recorder = TopKRecorder(teacher_topk) if teacher_topk > 0 else None
-    device = lm.model.device
+    model = lm.model
+    assert isinstance(model, GenerationMixin)  # every causal LM the loader returns can generate
+    device = model.device
     with torch.inference_mode():
-        out = lm.model.generate(
+        out = model.generate(  # type: ignore[misc]  # transformers types generate's self as a protocol no model meets under mypy
             ids.to(device),
             attention_mask=mask.to(device),
             generation_config=config,
@@ -331,3 +334,39 @@ def data_summary(data: list[SelfDistilled]) -> dict:
         "answer_tokens": sum(len(d.output_ids) for d in data),
         "by_source": {s: sum(d.source == s for d in data) for s in sources},
     }
+
+
+@dataclass
+class HeadTraining:
+    """What a head trainer (Medusa, EAGLE) starts from: its config, the target, the self-distilled data, the
+    output folder, and the settings that define the head with their digest."""
+
+    cfg: DictConfig
+    lm: LoadedModel
+    data: list[SelfDistilled]
+    folder: Path
+    settings: dict
+    digest: str
+
+
+def head_training(
+    command: str,
+    head_key: str,
+    overrides: list[str],
+    validate: Callable[[DictConfig], None],
+    trained_dir: Callable[[str], Path],
+) -> HeadTraining:
+    """Compose and check ``python -m specbench.train <command>``, load the target and its self-distilled data;
+    the settings digest covers the model, the data, the ``head_key`` node and every training key."""
+    cfg = compose_train(command, overrides)
+    validate(cfg)
+    lm = load_target(cfg)
+    data = self_distilled(lm, cfg.prompts, cfg.data_dir, progress=cfg.progress)
+    folder = Path(cfg.output_dir) if cfg.output_dir else trained_dir(lm.name)
+    settings = {
+        "model": model_identity(lm),
+        "data": digest([[d.prompt_ids, d.output_ids] for d in data]),
+        head_key: container(cfg[head_key]),
+        "train": container(cfg.train),
+    }
+    return HeadTraining(cfg, lm, data, folder, settings, digest(settings))

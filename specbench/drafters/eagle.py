@@ -1,0 +1,405 @@
+"""EAGLE (Li et al., ICML 2024) and EAGLE-2 (Li et al., EMNLP 2024): feature-level drafts (docs/methods/eagle.md).
+
+The draft is a small head (``specbench.models.eagle_heads``) run on the TARGET's features: its input at
+position i is the pair (f_i, x_{i+1}) of the target's last hidden state at i and the token after it; its
+output is the predicted feature f̂_{i+1}, which the target's own LM head turns into the draft distribution
+of x_{i+2}. Deeper drafts feed the head's own predicted features back in.
+
+The head keeps its own KV cache (``HeadCache``). Between steps it holds the committed pairs 0..p-1
+(true target features only): the prompt's come from ``observe_prompt`` (the prefill's hidden states),
+later ones from the verify pass (``verified.hidden`` at the accepted path: f_p .. f_{p+a}, paired with
+the accepted tokens and the token the target emitted). Each step first feeds the pairs committed since
+the last step in one forward; its last output f̂_p gives q(.|root). Tree rows (pairs built on predicted
+features) are appended layer by layer under a tree mask and dropped after the step, so the cache rolls
+back to the accepted path and always equals what feeding the committed pairs from scratch would give.
+
+Three trees, one drafter base:
+
+- ``Eagle`` (``method=eagle``): EAGLE-1's static tree (the published 25-node tree ``eagle1``, a binary
+  tree, or any rank paths). At T = 0 a rank-r child is the head's r-th most likely token; at T > 0 the
+  children are ordered draws without replacement from the warped q (``sample_children``), recorded in
+  ``draft_probs`` for the ``speculative`` rule, as the official EAGLE-1 code samples and verifies.
+- ``Eagle2`` (``method=eagle2``): EAGLE-2's dynamic tree (``ExpandRerankBuilder``): expand the top_k
+  nodes by path confidence for ``depth`` layers, then keep the ``total_tokens - 1`` most confident
+  nodes. The tree is a deterministic function of the context, verified at T > 0 by one-hot
+  multi-candidate rejection (the official EAGLE-2 rule: q = 1 for every drafted token).
+- ``EagleOptTree`` (``method=opt_tree_eagle``): OPT-Tree's construction (``OptTreeBuilder``) over the
+  head's distributions, as OPT-Tree's Tables 1-3 run it with EAGLE drafts.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specbench.core.acceptance import Acceptance, Sampling
+from specbench.core.drafter import DecodeContext, Drafter, knob_choice, knob_int, knob_number
+from specbench.core.tree import DraftTree
+from specbench.core.verify import VerifyOutput, compact_cache, new_cache
+from specbench.drafters.tree_fill import fill_shape
+from specbench.errors import ConfigError
+from specbench.models.eagle_heads import EagleHead, load_head
+from specbench.structures.tree_builders import ExpandRerankBuilder, OptTreeBuilder
+from specbench.structures.tree_rows import TreeRowMask
+from specbench.structures.tree_shapes import TreeShape, binary_paths
+
+EAGLE1_TREE = (
+    (0,),
+    (1,),
+    (2,),
+    (3,),
+    (0, 0),
+    (0, 1),
+    (0, 2),
+    (1, 0),
+    (1, 1),
+    (2, 0),
+    (2, 1),
+    (3, 0),
+    (0, 0, 0),
+    (0, 0, 1),
+    (0, 0, 2),
+    (0, 1, 0),
+    (0, 1, 1),
+    (0, 2, 0),
+    (0, 2, 1),
+    (1, 0, 0),
+    (0, 0, 0, 0),
+    (0, 0, 0, 1),
+    (0, 0, 0, 2),
+    (0, 0, 0, 0, 0),
+    (0, 0, 0, 0, 1),
+)
+"""EAGLE-1's published static tree (``mc_sim_7b_63`` in the official ``choices.py``): 25 nodes, 5 deep."""
+PUBLISHED_TREES = {"eagle1": EAGLE1_TREE}
+SHAPES = (*PUBLISHED_TREES, "binary", "paths")
+
+
+class HeadCache:
+    """The EAGLE head with its own KV cache: the committed pairs (true target features), then tree rows.
+
+    Pair i = (f_i, x_{i+1}) sits at position i; ``committed`` pairs are cached between steps. A tree
+    node at depth d under a root at position p is the pair (its parent's predicted feature, its token)
+    at position p + d - 1, seeing the committed pairs, its ancestors' tree rows and itself.
+    """
+
+    def __init__(self, head: EagleHead, lm_head: torch.nn.Module):
+        self.head = head
+        self.lm_head = lm_head
+        self.reset()
+
+    def reset(self) -> None:
+        """An empty cache for a new generation; counters back to zero."""
+        self.cache = new_cache(self.head)
+        self.committed = 0
+        self.forwards = 0  # head forwards this generation
+        self.rows = 0  # pairs fed through the head this generation
+        self._drop_tree_state()
+
+    @property
+    def device(self) -> torch.device:
+        return self.head.fc.weight.device
+
+    def extend(self, features: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+        """Append committed pairs (features [k, H], next tokens [k]) causally; their predicted features [k, H]."""
+        self.drop_tree()
+        k, past = len(tokens), self.committed
+        mask = torch.zeros(k, past + k, dtype=self.head.fc.weight.dtype)  # [k, past + k] additive
+        mask[:, past:].masked_fill_(torch.ones(k, k, dtype=torch.bool).triu(1), torch.finfo(mask.dtype).min)
+        positions = torch.arange(past, past + k)  # [k]
+        out = self._forward(features, tokens, positions, mask)
+        self.committed += k
+        return out
+
+    def tree_layer(self, features: torch.Tensor, tokens: list[int], parent_rows: list[int], depth: int) -> torch.Tensor:
+        """Feed one tree layer at ``depth`` (features [k, H] of each node's parent, tokens [k]); outputs [k, H].
+
+        ``parent_rows[i]`` is the tree row of node i's parent (-1: the root, whose pair is the last committed one).
+        """
+        k = len(tokens)
+        mask = self._tree_mask.add(parent_rows, self.committed, self.head.fc.weight.dtype)  # [k, cached + k]
+        positions = torch.full((k,), self.committed - 1 + depth)  # [k]
+        out = self._forward(features, tokens, positions, mask)
+        self.tree_rows += k
+        return out
+
+    def drop_tree(self) -> None:
+        """Roll back to the committed pairs: drop this step's tree rows."""
+        if self.tree_rows:
+            compact_cache(self.cache, self.committed, [])
+        self._drop_tree_state()
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        """Draft logits [k, vocab] (float32) of predicted features [k, H], through the target's LM head."""
+        return self.lm_head(features).float()
+
+    def _forward(
+        self, features: torch.Tensor, tokens: list[int], positions: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """One head forward over k pairs after the cached rows; predicted features [k, H]."""
+        device = self.device
+        out = self.head(
+            features.to(device=device, dtype=self.head.fc.weight.dtype)[None],  # [1, k, H]
+            torch.tensor([tokens], device=device),  # [1, k]
+            positions.to(device)[None],  # [1, k]
+            mask.to(device)[None, None],  # [1, 1, k, cached + k]
+            self.cache,
+        )
+        self.forwards += 1
+        self.rows += len(tokens)
+        return out[0]
+
+    def _drop_tree_state(self) -> None:
+        """Forget the current step's tree rows."""
+        self.tree_rows = 0
+        self._tree_mask = TreeRowMask()  # which tree rows each tree row sees
+
+
+class EagleDrafter(Drafter):
+    """Base of the EAGLE drafters: loads the head, keeps its cache on the committed pairs, counts.
+
+    Subclasses implement ``draft_tree(ctx, root_feature, root_logits)``: the tree to verify, from the
+    head's output at the root (f̂_p [H]) and its logits [vocab].
+    """
+
+    wants_hidden = True
+    COUNTERS = ("steps", "drafted", "accepted_tokens", "depth_sum")
+
+    def __init__(self, head=None, target_name: str = "target", temperature: float = 0.0, top_p: float = 1.0):
+        super().__init__()
+        self.head_cfg = head
+        self.target_name = target_name
+        self.sampling = Sampling(temperature, top_p)
+        self.loaded_head: HeadCache | None = None
+        self.origin = ""
+        self.trained_top1: list[float] | None = None
+        self.pending: torch.Tensor | None = None  # [m, H] target features of positions committed.. not yet fed
+        self.reached: list[int] = []  # steps whose accepted path reached depth d + 1
+
+    def setup(self, target, tokenizer) -> None:
+        """Load the head for this target (the model config's ``eagle:`` node)."""
+        loaded = load_head(self.head_cfg, target, self.target_name)
+        self.loaded_head = HeadCache(loaded.head, target.get_output_embeddings())
+        self.origin, self.trained_top1 = loaded.origin, loaded.top1_by_depth
+
+    @property
+    def draft(self) -> HeadCache:
+        """The head and its cache, loaded by ``setup``."""
+        if self.loaded_head is None:
+            raise RuntimeError(f"{type(self).__name__}.setup(target, tokenizer) must load the head first")
+        return self.loaded_head
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        """An empty head cache; the prompt's features arrive with ``observe_prompt``."""
+        self.draft.reset()
+        self.pending = None
+        self.reached = []
+
+    def observe_prompt(self, hidden: torch.Tensor) -> None:
+        """The prefill's features f_0 .. f_{P-1} ([P, H]): the first step feeds them as pairs."""
+        self.pending = hidden
+
+    def propose(self, ctx: DecodeContext) -> DraftTree:
+        """Feed the pairs committed since the last step, then draft this step's tree from f̂_p."""
+        root_feature, root_logits = self._catch_up(ctx)
+        tree = self.draft_tree(ctx, root_feature, root_logits)
+        self.books.add(steps=1, drafted=tree.num_drafted)
+        return tree
+
+    def observe(self, ctx: DecodeContext, tree: DraftTree, verified: VerifyOutput, accepted: Acceptance) -> None:
+        """Drop the tree rows; keep the target's features of the accepted path for the next step's pairs."""
+        self.draft.drop_tree()
+        assert verified.hidden is not None  # the verify pass returns it to drafters with wants_hidden
+        self.pending = verified.hidden[accepted.path]  # [len(path), H]: f_p .. f_{p + accepted}
+        accepted_tokens = len(accepted.path) - 1
+        self.books.add(accepted_tokens=accepted_tokens, depth_sum=max(tree.depths))
+        self.reached.extend([0] * (accepted_tokens - len(self.reached)))
+        for depth in range(accepted_tokens):
+            self.reached[depth] += 1
+
+    def draft_tree(self, ctx: DecodeContext, root_feature: torch.Tensor, root_logits: torch.Tensor) -> DraftTree:
+        """The tree to verify; node 0 is ``ctx.root``."""
+        raise NotImplementedError
+
+    def _catch_up(self, ctx: DecodeContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed pairs (f_i, x_{i+1}) for i = committed .. p - 1; return f̂_p [H] and its logits [vocab]."""
+        if self.pending is None:
+            raise RuntimeError(
+                f"{type(self).__name__} needs the target's features of the committed tokens: the loop "
+                f"passes the prompt's with observe_prompt (drafters with wants_hidden)"
+            )
+        start, position = self.draft.committed, ctx.position
+        if self.pending.shape[0] != position - start:
+            raise RuntimeError(
+                f"EAGLE head cache out of step: {self.pending.shape[0]} new features for positions "
+                f"{start}..{position - 1}"
+            )
+        out = self.draft.extend(self.pending, ctx.tokens[start + 1 : position + 1])  # [k, H]
+        self.pending = None
+        root_feature = out[-1]  # [H] f̂_p
+        return root_feature, self.draft.logits(root_feature[None])[0]
+
+    def stats(self) -> dict:
+        """Head origin, drafted / accepted tokens per step, head forwards, acceptance by depth."""
+        books = self.books
+        steps = books.counts["steps"]
+        return {
+            **books.report(),
+            "head": self.origin,
+            "drafted_per_step": books.per("drafted", "steps"),
+            "accepted_per_step": books.per("accepted_tokens", "steps"),
+            "draft_hit_ratio": books.per("accepted_tokens", "drafted"),
+            "tree_depth_mean": books.per("depth_sum", "steps"),
+            "depth_accept_rate": [round(n / steps, 4) for n in self.reached] if steps else [],
+            "head_forwards": self.loaded_head.forwards if self.loaded_head else 0,
+            "head_rows": self.loaded_head.rows if self.loaded_head else 0,
+            "trained_top1_by_depth": self.trained_top1,
+        }
+
+
+def eagle_shape(shape: str, nodes: int | None, paths) -> TreeShape:
+    """The static tree named by the config: a published tree, a binary tree of ``nodes`` nodes, or ``paths``."""
+    knob_choice("shape", shape, SHAPES)
+    if shape in PUBLISHED_TREES:
+        return TreeShape.from_paths(PUBLISHED_TREES[shape])
+    if shape == "binary":
+        return TreeShape.from_paths(binary_paths(knob_int("nodes", nodes, 1, "n")))
+    if not paths:
+        raise ConfigError("method.drafter.paths must list rank paths (e.g. [[0],[1],[0,0]]) when shape=paths")
+    return TreeShape.from_paths(paths)
+
+
+class Eagle(EagleDrafter):
+    """EAGLE-1: a static tree filled by the head depth by depth (one head forward per depth with children)."""
+
+    def __init__(
+        self, shape: str = "eagle1", nodes: int | None = 30, paths=None, sample_children: bool = True, **settings
+    ):
+        self.shape = eagle_shape(shape, nodes, paths)
+        super().__init__(**settings)
+        self.sample_drafts = bool(sample_children) and not self.sampling.greedy
+
+    def setup(self, target, tokenizer) -> None:
+        """Load the head; refuse shapes that want more children per node than the vocabulary has."""
+        super().setup(target, tokenizer)
+        widest = max(len(kids) for kids in self.shape.children())
+        vocab = target.get_output_embeddings().weight.shape[0]
+        if widest > vocab:
+            raise ConfigError(
+                f"the tree shape gives a node {widest} children but the vocabulary has only {vocab} tokens"
+            )
+
+    def draft_tree(self, ctx: DecodeContext, root_feature: torch.Tensor, root_logits: torch.Tensor) -> DraftTree:
+        """Fill the shape (pruned to the budget) depth by depth, one head forward per depth with children."""
+        shape = self.shape.pruned(ctx.remaining - 1)
+        if len(shape) == 1:
+            return DraftTree.root_only(ctx.root)
+        features = {0: root_feature}  # node -> its predicted feature f̂ (what its children's pairs carry)
+        rows = {0: -1}  # node -> its head-cache tree row (-1: the root, the last committed pair)
+
+        def feed(depth: int, nodes: list[int], tokens: list[int]) -> torch.Tensor:
+            first = self.draft.tree_rows
+            parents = [shape.parents[node] for node in nodes]
+            parent_features = torch.stack([features[parent] for parent in parents])  # [k, H]
+            out = self.draft.tree_layer(
+                parent_features, [tokens[node] for node in nodes], [rows[parent] for parent in parents], depth
+            )  # [k, H]
+            for i, node in enumerate(nodes):
+                rows[node], features[node] = first + i, out[i]
+            return self.draft.logits(out)  # [k, vocab]
+
+        sampling = self.sampling if self.sample_drafts else None
+        return fill_shape(shape, ctx.root, root_logits, feed, sampling, ctx.generator)
+
+
+class LayerFeeder:
+    """Feeds a tree layer by layer for the dynamic builders: remembers each fed node's feature and tree row."""
+
+    def __init__(self, draft: HeadCache, root_feature: torch.Tensor):
+        self.draft = draft
+        self.root_feature = root_feature  # [H] f̂_p: what layer-1 pairs carry
+        self.features: dict[int, torch.Tensor] = {}  # index in the newest fed layer -> predicted feature [H]
+        self.rows: dict[int, int] = {}  # index in the newest fed layer -> head-cache tree row
+
+    def feed(self, nodes: list[int], tokens: list[int], parents: list[int], depth: int) -> torch.Tensor:
+        """Feed ``nodes`` (indices in layer ``depth``) with their tokens and parent indices (-1: root); their
+        draft logits [k, vocab]."""
+        parent_features = torch.stack([self.features[p] if p >= 0 else self.root_feature for p in parents])  # [k, H]
+        parent_rows = [self.rows[p] if p >= 0 else -1 for p in parents]
+        first = self.draft.tree_rows
+        out = self.draft.tree_layer(parent_features, tokens, parent_rows, depth)  # [k, H]
+        self.features = {node: out[i] for i, node in enumerate(nodes)}
+        self.rows = {node: first + i for i, node in enumerate(nodes)}
+        return self.draft.logits(out)
+
+
+class Eagle2(EagleDrafter):
+    """EAGLE-2's dynamic tree: expansion of the top_k most confident nodes for ``depth`` layers, then reranking."""
+
+    def __init__(self, top_k: int = 10, depth: int = 6, total_tokens: int = 60, **settings):
+        self.top_k = knob_int("top_k", top_k, 1, "k")
+        self.depth = knob_int("depth", depth, 1, "d")
+        self.total_tokens = knob_int("total_tokens", total_tokens, 2, "m")
+        super().__init__(**settings)
+
+    def draft_tree(self, ctx: DecodeContext, root_feature: torch.Tensor, root_logits: torch.Tensor) -> DraftTree:
+        """Layers 1 .. depth + 1 (each expansion feeds the newest layer's top_k), then the total_tokens - 1 best."""
+        layers = min(self.depth + 1, ctx.remaining - 1)  # drafted layers; deeper nodes could never be emitted
+        if layers < 1:
+            return DraftTree.root_only(ctx.root)
+        builder = ExpandRerankBuilder(self.top_k)
+        builder.add_layer(torch.log_softmax(root_logits, dim=-1)[None])  # [1, vocab]
+        feeder = LayerFeeder(self.draft, root_feature)
+        while builder.depth < layers:
+            fed = builder.frontier
+            logits = feeder.feed(fed, builder.frontier_tokens, [builder.parents[-1][i] for i in fed], builder.depth)
+            builder.add_layer(torch.log_softmax(logits, dim=-1))  # [top_k, vocab]
+        tree, _ = builder.tree(ctx.root, self.total_tokens - 1)
+        return tree
+
+
+class EagleOptTree(EagleDrafter):
+    """OPT-Tree over the EAGLE head: node budget n, threshold delta, depth counter max_depth (as ``opt_tree``)."""
+
+    def __init__(self, nodes: int = 50, threshold: float = 0.5, max_depth: int = 10, **settings):
+        self.nodes = knob_int("nodes", nodes, 1, "n")
+        self.max_depth = knob_int("max_depth", max_depth, 2)
+        self.threshold = knob_number("threshold", threshold, 0.0, symbol="delta")
+        super().__init__(**settings)
+        self.step_expected: list[float] = []  # per step: E, the sum of p̂ over the verified tree
+        self.step_accepted: list[int] = []  # per step: drafted tokens accepted
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        """A fresh head cache and fresh per-step E / acceptance traces."""
+        super().reset(prompt_ids)
+        self.step_expected, self.step_accepted = [], []
+
+    def draft_tree(self, ctx: DecodeContext, root_feature: torch.Tensor, root_logits: torch.Tensor) -> DraftTree:
+        """Build layers while E grows by more than delta (each layer one head forward over all n nodes above)."""
+        depth_limit = min(self.max_depth - 1, ctx.remaining - 1)
+        if depth_limit < 1:
+            self.step_expected.append(0.0)
+            return DraftTree.root_only(ctx.root)
+        builder = OptTreeBuilder(self.nodes)
+        builder.add_layer(torch.softmax(root_logits, dim=-1)[None])  # [1, vocab] raw q(.|root)
+        feeder = LayerFeeder(self.draft, root_feature)
+        while builder.grows(self.threshold, depth_limit):
+            nodes = list(range(len(builder.tokens[-1])))
+            logits = feeder.feed(nodes, builder.tokens[-1], builder.parents[-1], builder.depth)  # [n, vocab]
+            builder.add_layer(torch.softmax(logits, dim=-1))
+        tree, _, expected = builder.tree(ctx.root)
+        self.step_expected.append(round(expected, 3))
+        return tree
+
+    def observe(self, ctx: DecodeContext, tree: DraftTree, verified: VerifyOutput, accepted: Acceptance) -> None:
+        """Base bookkeeping, plus this step's actual acceptance next to its E."""
+        super().observe(ctx, tree, verified, accepted)
+        self.step_accepted.append(len(accepted.path) - 1)
+
+    def stats(self) -> dict:
+        """Base stats plus E (sum of p̂ of the verified tree) and the accepted drafted tokens, per step."""
+        return {
+            **super().stats(),
+            "expected_accept_mean": sum(self.step_expected) / max(len(self.step_expected), 1),
+            "step_expected_accept": self.step_expected,
+            "step_accepted": self.step_accepted,
+        }

@@ -74,10 +74,20 @@ def load_suite(name: str) -> DictConfig:
     return suite
 
 
+ENTRY_KEYS = ("label", "overrides", "grid")
+"""The keys of one ``entries`` item of a suite."""
+
+
 def expand_entries(suite: DictConfig) -> list[Entry]:
     """The suite's entries, each ``grid`` entry expanded into one entry per combination of values."""
     entries = []
     for spec in suite.entries:
+        unknown = sorted(str(key) for key in spec if key not in ENTRY_KEYS)
+        if unknown:
+            raise ConfigError(
+                f"benchmark entry {spec.get('label')!r} has unknown keys {unknown} (entries take "
+                f"{', '.join(ENTRY_KEYS)}); in a YAML flow mapping a comma inside a label ends it: quote the label"
+            )
         base = tuple(spec.get("overrides") or ())
         grid = spec.get("grid") or {}
         keys = list(grid)

@@ -8,6 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from specbench import bench, report
+from specbench.config import conf_dir
 from specbench.errors import ConfigError
 from tests.helpers import exit_code
 
@@ -110,6 +111,15 @@ def test_unknown_suite_lists_the_valid_ones(capsys):
     """A typo gets the list of suites and exit code 2."""
     assert exit_code(bench.main, ["nope"]) == 2
     assert "smoke" in capsys.readouterr().err
+
+
+def test_every_shipped_suite_expands_and_a_label_cut_at_a_comma_is_refused():
+    """Shipped suites have only known entry keys; an unquoted comma in a flow-mapping label is caught."""
+    for path in sorted((conf_dir() / "bench").glob("*.yaml")):
+        assert bench.expand_entries(OmegaConf.load(path)), path.name
+    suite = OmegaConf.create("entries:\n  - {label: eagle (tree, 25), overrides: [method=eagle]}\n")
+    with pytest.raises(ConfigError, match="unknown keys.*quote the label"):
+        bench.expand_entries(suite)
 
 
 def test_grid_labels_must_be_distinct_and_model_fixed():

@@ -191,21 +191,23 @@ def estimate(jobs: list[Job], latency: LatencyModel) -> pd.DataFrame:
 def cost_table(per_job: pd.DataFrame, order: list[str]) -> pd.DataFrame:
     """Per experiment (in plan order): jobs, samples (turns), generated tokens, forwards, GPU-hours; then a total."""
     grouped = per_job.groupby("experiment", sort=False)
-    table = (
-        pd.DataFrame(
-            {
-                "jobs": grouped.size(),
-                "samples": grouped["samples"].sum(),
-                "generated_tokens": grouped["generated_tokens"].sum(),
-                "forwards": grouped["forwards"].sum(),
-                "gpu_hours": grouped["gpu_hours"].sum(min_count=1),
-            }
-        )
-        .reindex(order)
-        .reset_index()
+    table = pd.DataFrame(
+        {
+            "jobs": grouped.size(),
+            "samples": grouped["samples"].sum(),
+            "generated_tokens": grouped["generated_tokens"].sum(),
+            "forwards": grouped["forwards"].sum(),
+            "gpu_hours": grouped["gpu_hours"].sum(min_count=1),
+        }
     )
-    total = {"experiment": "total", **{column: table[column].sum(min_count=1) for column in COLUMNS[1:]}}
-    return pd.concat([table, pd.DataFrame([total])], ignore_index=True)[COLUMNS]
+    return with_total(table, order, COLUMNS)
+
+
+def with_total(per_experiment: pd.DataFrame, order: list[str], columns: list[str]) -> pd.DataFrame:
+    """``per_experiment`` (indexed by experiment) in plan order, then a total row over ``columns[1:]``."""
+    table = per_experiment.reindex(order).reset_index()
+    total = {"experiment": "total", **{column: table[column].sum(min_count=1) for column in columns[1:]}}
+    return pd.concat([table, pd.DataFrame([total])], ignore_index=True)[columns]
 
 
 def cost_text(per_job: pd.DataFrame, table: pd.DataFrame, latency: LatencyModel) -> str:

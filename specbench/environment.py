@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from specbench import dependencies
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -51,7 +53,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def capture(device: torch.device, dtype: torch.dtype) -> dict:
-    """Everything a reader needs to judge a timing: hardware, threads, library versions, code state."""
+    """Everything a reader needs to judge a timing: hardware, threads, library versions (the whole runtime
+    dependency set and its match with the lock), code state."""
     import transformers
 
     return {
@@ -67,6 +70,7 @@ def capture(device: torch.device, dtype: torch.dtype) -> dict:
         "cuda": torch.version.cuda,
         "transformers": transformers.__version__,
         **git_state(),
+        **dependencies.capture(),
     }
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from specbench.cli import user_errors
+from specbench.dependencies import dependency_label
 from specbench.errors import UserError
 from specbench.metrics import aggregate
 from specbench.schema import SAMPLE_FIELDS, upgrade_record, validate_record
@@ -57,6 +59,9 @@ RUN_COLUMNS = [
     "prompt_format",
     "target",
     "artefacts",
+    "env.git_commit",
+    "env.git_dirty",
+    "env.dependencies",
 ]
 # What a run must share with its AR baseline for a speedup to mean anything (docs/design.md#fair-comparisons):
 # the same target (weights, revision, chat template, dtype) answering prompts of the same format; ``session``
@@ -242,6 +247,10 @@ def _identity(run_dir: Path, summary: dict) -> dict:
             "prompt_format": summary.get("prompt_format") or "",
             "target": summary.get("target") or "",
             "artefacts": ";".join(summary.get("artefacts") or []),
+            # provenance: the code and the dependency set that measured the run (``provenance_warning``)
+            "env.git_commit": environment.get("git_commit"),
+            "env.git_dirty": environment.get("git_dirty"),
+            "env.dependencies": dependency_label(environment),
         }
     except KeyError as error:
         raise ReportError(f"{run_dir}/summary.json: missing field {error}") from error
@@ -481,6 +490,52 @@ def speedup_statistics(pairs: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
     )
 
 
+SHORT_COMMIT = 7
+
+
+def commit_counts(runs: pd.DataFrame) -> pd.Series:
+    """Runs per measuring commit (short hash, ``+dirty`` when the tree had uncommitted changes), most runs first."""
+    commits = runs["env.git_commit"].fillna("unknown").astype(str).str[:SHORT_COMMIT]
+    dirty = runs["env.git_dirty"].eq(True).to_numpy()
+    labels = commits.where(~dirty, commits + "+dirty")
+    return _most_first(labels)
+
+
+def _most_first(labels: pd.Series) -> pd.Series:
+    """Counts of each label, most first (ties in label order)."""
+    return labels.value_counts().sort_index(kind="stable").sort_values(ascending=False, kind="stable")
+
+
+def _counted(counts: pd.Series) -> str:
+    """``a (3 runs), b (1 run)``."""
+    return ", ".join(f"{label} ({count} run{'s' if count != 1 else ''})" for label, count in counts.items())
+
+
+def commit_text(runs: pd.DataFrame) -> str:
+    """``measured by commit 7b9bda1 (30 runs)`` (every commit of the runs, with its run count)."""
+    counts = commit_counts(runs)
+    return f"measured by commit{'s' if len(counts) > 1 else ''} {_counted(counts)}"
+
+
+def provenance_warning(runs: pd.DataFrame) -> str | None:
+    """A warning when the runs were measured by different commits, from a dirty tree, or with different
+    dependency sets (docs/environment.md#drift); None when they share one clean commit and one set."""
+    counts = commit_counts(runs)
+    problems = []
+    if len(counts) > 1:
+        problems.append(f"compares runs of {len(counts)} different commits")
+    if any(commit.endswith("+dirty") for commit in counts.index):
+        problems.append("includes runs measured from a tree with uncommitted changes")
+    if any(commit.startswith("unknown") for commit in counts.index):
+        problems.append("includes runs that recorded no commit")
+    details = [commit_text(runs)] if problems else []
+    dependency_sets = _most_first(runs["env.dependencies"].astype(str))
+    if len(dependency_sets) > 1:
+        problems.append(f"compares runs of {len(dependency_sets)} different dependency sets")
+        details.append(f"dependency sets {_counted(dependency_sets)}")
+    return f"WARNING: {' and '.join(problems)} ({'; '.join(details)})" if problems else None
+
+
 def _report_table(runs: pd.DataFrame, samples: pd.DataFrame, view: str = "runs") -> pd.DataFrame:
     """One view's table from loaded frames: bench entries in suite order, other runs by model and dataset."""
     order = ["session", "entry_index", "model", "dataset", "temperature", "method", "run_dir"]
@@ -553,6 +608,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     with user_errors(argv):
         runs, samples = load(args.paths, args.by, args.merge_repeats)
     report = _report_table(runs, samples, args.view)
+    warning = provenance_warning(runs)
+    if warning:
+        print(warning, file=sys.stderr)
     print(format_table(report))
     if args.csv:
         report.to_csv(args.csv, index=False)

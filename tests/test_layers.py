@@ -19,6 +19,7 @@ LAYERS = [  # lowest first; a module belongs to the first layer whose prefix it 
             "specbench.cli",
             "specbench.manifest",
             "specbench.environment",
+            "specbench.dependencies",
             "specbench.hub",
             "specbench.files",
             "specbench.paths",

@@ -101,7 +101,7 @@ def load_draft(cfg, target_name: str, target, tokenizer) -> LoadedDraft:
             f"this method needs a draft model but model {target_name} names none: set "
             f"model.draft.path=<Hub id or local dir> (a causal LM sharing the target's tokenizer)"
         )
-    model = model.to(device=target.device, dtype=target.dtype).eval()  # type: ignore[call-arg]  # transformers' @wraps(Module.to) stub does not bind self
+    model = model.to(device=target.device, dtype=target.dtype).eval()
     check_vocab(model, draft_tokenizer, target, tokenizer, location)
     return LoadedDraft(model, draft_tokenizer, location, part)
 

@@ -63,7 +63,7 @@ class EagleLayer(LlamaDecoderLayer):
     def __init__(self, config: LlamaConfig, index: int):
         super().__init__(config, index)
         if index == 0:
-            self.input_layernorm = nn.Identity()  # type: ignore[assignment]  # same call, no gain
+            self.input_layernorm = nn.Identity()  # same call, no gain
 
 
 class EagleHead(nn.Module):

@@ -7,10 +7,10 @@ import os
 from pathlib import Path
 
 from specbench.errors import UserError
-from specbench.report import split_by
+from specbench.report import commit_text, provenance_warning, split_by
 from specbench.reproduce.figures import build_figures
 from specbench.reproduce.plan import Plan
-from specbench.reproduce.results import Results, commit_text, commit_warning, read_measured, results_of, stamp
+from specbench.reproduce.results import Results, read_measured, results_of, stamp
 from specbench.reproduce.tables import Built, build_tables, paper_comparison
 
 
@@ -31,8 +31,9 @@ def index_text(plan: Plan, results: Results, tables: dict[str, Built], figures: 
         f"Runs: {len(runs)} under `{plan.results_root.name}`; measured on: {stamp(runs)}; {commit_text(runs)}.",
         "",
     ]
-    if commit_warning(runs):
-        lines += [f"> **{commit_warning(runs)}**. Tables and figures that compare such runs: {', '.join(warned)}.", ""]
+    warning = provenance_warning(runs)
+    if warning:
+        lines += [f"> **{warning}**. Tables and figures that compare such runs: {', '.join(warned)}.", ""]
     lines += ["## Tables", ""]
     lines += [line for name, built in tables.items() for line in entry(name, built, plan.tables_dir)]
     lines += ["", "## Figures", ""]

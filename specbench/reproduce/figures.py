@@ -30,7 +30,8 @@ from matplotlib.patches import Rectangle
 from matplotlib.ticker import LogLocator, NullLocator, StrMethodFormatter
 
 from specbench.profile import CSV_FIELDS
-from specbench.reproduce.results import Results, commit_text, commit_warning, format_value, knob, stamp
+from specbench.report import commit_text, provenance_warning
+from specbench.reproduce.results import Results, format_value, knob, stamp
 from specbench.reproduce.tables import Built, paper_values
 
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
@@ -302,12 +303,12 @@ def sample_note(runs: pd.DataFrame) -> tuple[str, str | None]:
 def run_footer(runs: pd.DataFrame) -> tuple[str, list[str]]:
     """The footer of a figure of runs (stamp, commits, run and sample counts) and its warnings."""
     samples, uneven = sample_note(runs)
-    warnings = [warning for warning in (commit_warning(runs), uneven) if warning]
+    warnings = [warning for warning in (provenance_warning(runs), uneven) if warning]
     return f"measured on: {stamp(runs)} | {commit_text(runs)} | {len(runs)} runs, {samples}", warnings
 
 
-def new_figure(rows: int, cols: int) -> tuple[Figure, np.ndarray]:
-    """A figure on the Agg canvas (no pyplot state) with a ``rows`` x ``cols`` array of axes."""
+def new_figure(rows: int, cols: int) -> tuple[Figure, Any]:
+    """A figure on the Agg canvas (no pyplot state) with a ``rows`` x ``cols`` array of axes (object ndarray)."""
     fig = Figure(figsize=(max(PANEL_SIZE[0] * cols, MIN_WIDTH), PANEL_SIZE[1] * rows + 0.2))
     FigureCanvasAgg(fig)
     return fig, fig.subplots(rows, cols, squeeze=False)

@@ -33,9 +33,6 @@ from specbench.report import (
 from specbench.runner import without_locations
 
 STAMP_FIELDS = ("device_name", "cpu", "torch", "transformers", "dtype")
-COMMIT_FIELDS = ("git_commit", "git_dirty")
-"""The code that measured a run (``environment`` of its summary): tables and figures name it and warn on a mix."""
-SHORT_COMMIT = 7
 
 
 @dataclass(frozen=True)
@@ -98,7 +95,7 @@ def _extra_columns(run_dir: Path) -> dict:
         **{f"hp.{key[len('method.') :]}": v for key, v in knobs.items()},
         "peak_memory_gib": memory["bytes"] / 2**30 if memory else np.nan,
         "peak_memory_kind": memory.get("kind"),
-        **{f"env.{field}": environment.get(field) for field in (*STAMP_FIELDS, *COMMIT_FIELDS)},
+        **{f"env.{field}": environment.get(field) for field in STAMP_FIELDS},
     }
 
 
@@ -161,34 +158,6 @@ def stamp(runs: pd.DataFrame) -> str:
     return " | ".join(
         ", ".join(f"{field}={row[f'env.{field}']}" for field in STAMP_FIELDS) for _, row in distinct.iterrows()
     )
-
-
-def commit_counts(runs: pd.DataFrame) -> pd.Series:
-    """Runs per measuring commit (short hash, ``+dirty`` when the tree had uncommitted changes), most runs first."""
-    commits = runs["env.git_commit"].fillna("unknown").astype(str).str[:SHORT_COMMIT]
-    dirty = runs["env.git_dirty"].eq(True).to_numpy()
-    labels = commits.where(~dirty, commits + "+dirty")
-    return labels.value_counts().sort_index(kind="stable").sort_values(ascending=False, kind="stable")
-
-
-def commit_text(runs: pd.DataFrame) -> str:
-    """``measured by commit 7b9bda1 (30 runs)`` (every commit of the runs, with its run count)."""
-    counts = commit_counts(runs)
-    listed = ", ".join(f"{commit} ({count} run{'s' if count != 1 else ''})" for commit, count in counts.items())
-    return f"measured by commit{'s' if len(counts) > 1 else ''} {listed}"
-
-
-def commit_warning(runs: pd.DataFrame) -> str | None:
-    """A warning when the runs were measured by different commits or from a dirty tree (None when not)."""
-    counts = commit_counts(runs)
-    problems = []
-    if len(counts) > 1:
-        problems.append(f"compares runs of {len(counts)} different commits")
-    if any(commit.endswith("+dirty") for commit in counts.index):
-        problems.append("includes runs measured from a tree with uncommitted changes")
-    if any(commit.startswith("unknown") for commit in counts.index):
-        problems.append("includes runs that recorded no commit")
-    return f"WARNING: {' and '.join(problems)} ({commit_text(runs)})" if problems else None
 
 
 def knob(runs: pd.DataFrame, key: str) -> pd.Series:

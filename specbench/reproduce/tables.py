@@ -26,7 +26,8 @@ import yaml
 from omegaconf import OmegaConf
 
 from specbench.config import CONF_DIR
-from specbench.reproduce.results import Results, commit_text, commit_warning, format_value, setting_text, stamp
+from specbench.report import commit_text, provenance_warning
+from specbench.reproduce.results import Results, format_value, setting_text, stamp
 
 PAPER_COLUMNS = [
     "paper",
@@ -528,7 +529,7 @@ def preamble(title: str, used: pd.DataFrame, scale: str, stand_in: str | None) -
     lines = [f"# {title}", ""]
     if len(used):
         lines += [f"Measured on: {stamp(used)}; {commit_text(used)}.", ""]
-        warning = commit_warning(used)
+        warning = provenance_warning(used)
         lines += [f"> **{warning}**", ""] if warning else []
     if stand_in:
         lines += [
@@ -579,7 +580,7 @@ def paper_table(
         ]
     )[CSV_COLUMNS].to_csv(csv, index=False)
     return Built(
-        [*paths, csv], commit_text(used) if len(used) else "no runs", commit_warning(used) if len(used) else None
+        [*paths, csv], commit_text(used) if len(used) else "no runs", provenance_warning(used) if len(used) else None
     )
 
 
@@ -624,7 +625,7 @@ def simple_table(
     """A table without paper values (overview, statistics): Markdown and LaTeX as ``shown``, the CSV in full."""
     paths = write_table(shown.fillna("–"), stem, title, head, [])
     frame.to_csv(stem.with_suffix(".csv"), index=False)
-    return Built([*paths, stem.with_suffix(".csv")], commit_text(used), commit_warning(used))
+    return Built([*paths, stem.with_suffix(".csv")], commit_text(used), provenance_warning(used))
 
 
 STATISTICS_NOTE = (

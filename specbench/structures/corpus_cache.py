@@ -293,7 +293,7 @@ def _packed_windows(tokens: np.ndarray, width: int, bits: int) -> list[np.ndarra
     per_word = 64 // bits
     words = []
     for first in range(0, width, per_word):
-        word = np.zeros(n, dtype=np.uint64)  # [n]
+        word: np.ndarray = np.zeros(n, dtype=np.uint64)  # [n]
         for offset in range(first, min(first + per_word, width)):
             word <<= np.uint64(bits)
             word |= tokens[offset : offset + n]
@@ -311,13 +311,13 @@ def _frequent_windows(tokens: np.ndarray, separator: int, width: int, min_count:
         return np.zeros((0, width), dtype=np.int64), np.zeros(0, dtype=np.int64)
     words = _packed_windows(tokens, width, separator.bit_length())
     order = np.lexsort(words[::-1])  # [n] first word is the primary key
-    new = np.zeros(n, dtype=bool)  # [n] first window of each run of equal windows
+    new: np.ndarray = np.zeros(n, dtype=bool)  # [n] first window of each run of equal windows
     new[0] = True
     while words:  # sort one word at a time and free it (peak memory: one sorted word)
         word = words.pop()[order]
         new[1:] |= word[1:] != word[:-1]
     firsts = np.flatnonzero(new)
-    counts = np.diff(np.append(firsts, n))  # [distinct]
+    counts: np.ndarray = np.diff(np.append(firsts, n))  # [distinct]
     keep = counts > min_count
     windows = np.lib.stride_tricks.sliding_window_view(tokens, width)  # [n, width] view, no copy
     rows, counts = windows[order[firsts[keep]]].astype(np.int64), counts[keep]
@@ -333,7 +333,7 @@ def _top_continuations(rows: np.ndarray, counts: np.ndarray, key_len: int, top_k
     order = np.lexsort((*columns[key_len:][::-1], -counts, *columns[:key_len][::-1]))
     rows, counts = rows[order], counts[order]
     index = np.arange(len(rows))
-    new_key = np.ones(len(rows), dtype=bool)
+    new_key: np.ndarray = np.ones(len(rows), dtype=bool)
     new_key[1:] = (rows[1:, :key_len] != rows[:-1, :key_len]).any(axis=1)
     rank = index - np.maximum.accumulate(np.where(new_key, index, 0))  # position within its key
     keep = rank < top_k

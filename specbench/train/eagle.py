@@ -33,6 +33,7 @@ from specbench.errors import ConfigError
 from specbench.files import building
 from specbench.manifest import finished_training
 from specbench.models.eagle_heads import EagleHead, config_for_target, save_head, trained_dir
+from specbench.train.common import AMP_CHOICES
 from specbench.train.medusa import autocast, lr_factor, seeded, split
 from specbench.train.selfdistill import SelfDistilled, data_summary, head_training
 
@@ -73,8 +74,8 @@ def validate(cfg) -> None:
         (train.eval_top_k >= 1, f"train.eval_top_k must be >= 1 (got {train.eval_top_k})"),
         (train.max_length >= 4, f"train.max_length must be >= 4 (got {train.max_length})"),
         (
-            train.amp_dtype in (None, "bfloat16", "float16"),
-            f"train.amp_dtype must be null, bfloat16 or float16 (got {train.amp_dtype})",
+            train.amp_dtype in AMP_CHOICES,
+            f"train.amp_dtype must be auto, null, bfloat16 or float16 (got {train.amp_dtype})",
         ),
     ]
     problems = [message for ok, message in checks if not ok]

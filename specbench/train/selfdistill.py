@@ -234,7 +234,7 @@ def generate_batch(
     assert isinstance(model, GenerationMixin)  # every causal LM the loader returns can generate
     device = model.device
     with torch.inference_mode():
-        out = model.generate(  # type: ignore[misc]  # transformers types generate's self as a protocol no model meets under mypy
+        out = model.generate(
             ids.to(device),
             attention_mask=mask.to(device),
             generation_config=config,

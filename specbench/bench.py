@@ -34,8 +34,8 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from specbench import report
-from specbench.cli import interrupted, user_errors
-from specbench.config import CONF_DIR, compose_config
+from specbench.cli import adopt_config_dirs, interrupted, user_errors
+from specbench.config import add_user_config_dirs, compose_config, find_config, group_options
 from specbench.engines import check_method
 from specbench.environment import capture, dtype_name
 from specbench.errors import ConfigError
@@ -46,7 +46,6 @@ from specbench.paths import workspace
 from specbench.runner import Runner, validate
 from specbench.schema import PHASES, SAMPLE_FIELDS, SCHEMA_VERSION, SUMMARY_VERSION
 
-SUITES_DIR = CONF_DIR / "bench"
 RESULTS_DIR = workspace() / "results" / "bench"
 
 
@@ -59,14 +58,14 @@ class Entry:
 
 
 def suite_names() -> list[str]:
-    """The suites in conf/bench/, sorted."""
-    return sorted(path.stem for path in SUITES_DIR.glob("*.yaml"))
+    """The suites in conf/bench/ (and the user's config folders' bench/), sorted."""
+    return group_options("bench")
 
 
 def load_suite(name: str) -> DictConfig:
-    """conf/bench/<name>.yaml, or a ConfigError listing the suites."""
-    path = SUITES_DIR / f"{name}.yaml"
-    if not path.is_file():
+    """conf/bench/<name>.yaml (or a user's ``bench/<name>.yaml``), or a ConfigError listing the suites."""
+    path = find_config("bench", name)
+    if path is None:
         raise ConfigError(f"unknown benchmark suite {name!r}; choose one of {suite_names()}")
     suite = OmegaConf.load(path)
     if not isinstance(suite, DictConfig):
@@ -213,6 +212,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--device")
     parser.add_argument("--dtype")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help=f"results folder (default {RESULTS_DIR})")
+    parser.add_argument(
+        "--config-dir",
+        "-cd",
+        dest="config_dirs",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a folder of your own configs (method/, dataset/, model/, bench/), as for python -m specbench",
+    )
     return parser.parse_intermixed_args(argv)
 
 
@@ -361,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     """CLI entry point: ``error: ...`` and exit 2 on a user error."""
     args = parse_args(argv)
     with user_errors(argv):
+        add_user_config_dirs(args.config_dirs)
+        adopt_config_dirs(args.overrides)
         if args.convert:
             for path in args.convert:
                 print(f"{path} -> {convert(path, args.out)}")

@@ -17,7 +17,15 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import NoReturn
 
-from specbench.config import CONF_DIR, compose_config, composition_problem, group_options
+from specbench.config import (
+    add_user_config_dirs,
+    compose_config,
+    composition_problem,
+    group_options,
+    is_group,
+    search_path_override,
+    without_search_path,
+)
 from specbench.errors import ConfigError, UserError
 
 EXIT_USER_ERROR = 2
@@ -69,6 +77,10 @@ def user_errors(argv: Sequence[str] | None = None) -> Iterator[None]:
         fail(str(error))
 
 
+FLAGS_WITH_VALUE = ("--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd", "--experimental-rerun")
+CONFIG_DIR_FLAGS = ("--config-dir", "-cd")
+
+
 def hydra_overrides(argv: Sequence[str]) -> list[str]:
     """The config overrides of a Hydra command line (its ``--flags`` and their values left out)."""
     overrides, skip = [], False
@@ -76,18 +88,40 @@ def hydra_overrides(argv: Sequence[str]) -> list[str]:
         if skip:
             skip = False
         elif word.startswith("-"):
-            skip = word in (
-                "--config-name",
-                "-cn",
-                "--config-path",
-                "-cp",
-                "--config-dir",
-                "-cd",
-                "--experimental-rerun",
-            )
+            skip = word in FLAGS_WITH_VALUE
         else:
             overrides.append(word)
     return overrides
+
+
+def command_line_config_dirs(argv: Sequence[str]) -> list[str]:
+    """The config folders a Hydra command line names: ``--config-dir``/``-cd`` values and the entries of
+    ``hydra.searchpath=[...]``, in order."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    folders = []
+    for index, word in enumerate(argv):
+        if word in CONFIG_DIR_FLAGS and index + 1 < len(argv):
+            folders.append(argv[index + 1])
+        elif word.startswith(tuple(f"{flag}=" for flag in CONFIG_DIR_FLAGS)):
+            folders.append(word.split("=", 1)[1])
+    for word in hydra_overrides(argv):
+        if word.lstrip("+~").startswith("hydra.searchpath="):
+            try:
+                (override,) = OverridesParser.create().parse_overrides([word])
+            except HydraException as error:
+                raise ConfigError(composition_problem(error)) from error
+            value = override.value()
+            folders.extend(str(entry) for entry in (value if isinstance(value, list) else [value]))
+    return folders
+
+
+def adopt_config_dirs(argv: Sequence[str]) -> None:
+    """Add the command line's config folders to ``SPECBENCH_CONFIG_PATH`` (every later step sees them)."""
+    folders = command_line_config_dirs(argv)
+    if folders:
+        add_user_config_dirs(folders)
 
 
 def first_job(overrides: Sequence[str]) -> list[str]:
@@ -112,7 +146,7 @@ def first_job(overrides: Sequence[str]) -> list[str]:
         except HydraException:
             continue  # glob() sweeps need Hydra's own loader: left for Hydra to check
         group = override.key_or_group
-        if (CONF_DIR / group).is_dir():
+        if is_group(group):
             unknown = [value for value in values if value not in group_options(group)]
             if unknown:
                 raise ConfigError(f"unknown {group} {unknown[0]!r}; choose one of {group_options(group)}")
@@ -122,12 +156,21 @@ def first_job(overrides: Sequence[str]) -> list[str]:
 
 def check_overrides(config_name: str, argv: Sequence[str]) -> None:
     """Compose ``config_name`` with the command line's overrides (a sweep's first job), raising a ConfigError
-    for an unknown key, group option or malformed override."""
-    compose_config(*first_job(hydra_overrides(argv)), config_name=config_name)
+    for an unknown key, group option or malformed override; the user's config folders count."""
+    adopt_config_dirs(argv)
+    compose_config(*first_job(without_search_path(hydra_overrides(argv))), config_name=config_name)
+
+
+def with_search_path(argv: list[str]) -> list[str]:
+    """A Hydra command line whose ``hydra.searchpath`` names every user config folder (none: unchanged)."""
+    search_path = search_path_override()
+    return without_search_path(argv) + [search_path] if search_path else argv
 
 
 def run_hydra_app(app: Callable[[], None], config_name: str) -> None:
-    """Start a ``@hydra.main`` app after checking its command line (one ``error:`` line for a bad one)."""
+    """Start a ``@hydra.main`` app after checking its command line (one ``error:`` line for a bad one);
+    the user's config folders (``SPECBENCH_CONFIG_PATH``, ``-cd``, ``hydra.searchpath``) reach Hydra."""
     with user_errors():
         check_overrides(config_name, sys.argv[1:])
+        sys.argv = [sys.argv[0], *with_search_path(sys.argv[1:])]
     app()

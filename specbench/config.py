@@ -2,15 +2,23 @@
 
 The configs live in the checkout's top-level ``conf/``; a built wheel ships the same files inside the
 package (``specbench/conf``, see pyproject.toml), so an installed specbench runs from any directory.
+
+A user's own configs (a method, a dataset, a model, a bench suite) live in folders of the same layout
+outside the package, named by ``SPECBENCH_CONFIG_PATH`` (``os.pathsep``-separated folders, ``file://``
+URLs or ``pkg://package`` names). The command-line apps add the folders given as ``--config-dir`` /
+``-cd`` or ``hydra.searchpath=[...]`` to it (``specbench.cli``), so every composition, every listing
+of a group's options and every child process sees the same configs (docs/extending.md).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from pathlib import Path
 from typing import Any
 
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from specbench.errors import ConfigError, UserError
 
@@ -24,11 +32,85 @@ def conf_dir() -> Path:
 
 
 CONF_DIR = conf_dir()
+CONFIG_PATH_ENV = "SPECBENCH_CONFIG_PATH"
+
+
+def file_stem(path: str | None, default: str) -> str:
+    """``${file_stem:${.path},prompts}``: a file's name without folder and suffix (``default`` without a file),
+    so a dataset read from the user's file is named after it."""
+    return Path(str(path)).stem if path else default
+
+
+if not OmegaConf.has_resolver("file_stem"):
+    OmegaConf.register_new_resolver("file_stem", file_stem)
+
+
+def folder_of(entry: str) -> Path:
+    """The folder a search-path entry names: a path, a ``file://`` URL or a ``pkg://package``."""
+    if entry.startswith("pkg://"):
+        module = entry.removeprefix("pkg://").replace("/", ".")
+        spec = importlib.util.find_spec(module)
+        if spec is None or not spec.submodule_search_locations:
+            raise ConfigError(f"config search path entry {entry!r}: no importable package {module!r}")
+        return Path(next(iter(spec.submodule_search_locations)))
+    return Path(entry.removeprefix("file://")).expanduser().resolve()
+
+
+def user_config_dirs() -> list[Path]:
+    """The user's config folders named by ``SPECBENCH_CONFIG_PATH``, in order; a missing one is a ConfigError."""
+    entries = [entry for entry in os.environ.get(CONFIG_PATH_ENV, "").split(os.pathsep) if entry]
+    folders = []
+    for entry in entries:
+        folder = folder_of(entry)
+        if not folder.is_dir():
+            raise ConfigError(f"{CONFIG_PATH_ENV} names {entry!r}, which is not a folder")
+        if folder not in folders:
+            folders.append(folder)
+    return folders
+
+
+def add_user_config_dirs(folders: list[str]) -> None:
+    """Put folders at the front of ``SPECBENCH_CONFIG_PATH`` for this process and its children."""
+    known = [entry for entry in os.environ.get(CONFIG_PATH_ENV, "").split(os.pathsep) if entry]
+    fresh = [str(folder_of(folder)) for folder in folders]
+    os.environ[CONFIG_PATH_ENV] = os.pathsep.join(dict.fromkeys([*fresh, *known]))
+
+
+def config_dirs() -> list[Path]:
+    """Every config folder, the packaged one first (Hydra finds a name there before the user's)."""
+    return [CONF_DIR, *(folder for folder in user_config_dirs() if folder != CONF_DIR)]
+
+
+def find_config(group: str, name: str) -> Path | None:
+    """The YAML file of config ``group/name`` (first folder that has it), or None."""
+    for folder in config_dirs():
+        path = folder / group / f"{name}.yaml"
+        if path.is_file():
+            return path
+    return None
+
+
+def is_group(group: str) -> bool:
+    """Whether ``group`` is a config group (a folder of configs) in any config folder."""
+    return any((folder / group).is_dir() for folder in config_dirs())
 
 
 def group_options(group: str) -> list[str]:
-    """The config names of one group (``model``, ``method``, ``dataset``), sorted."""
-    return sorted(path.stem for path in (CONF_DIR / group).glob("*.yaml"))
+    """The config names of one group (``model``, ``method``, ``dataset``) in every config folder, sorted."""
+    return sorted({path.stem for folder in config_dirs() for path in (folder / group).glob("*.yaml")})
+
+
+def search_path_override() -> str | None:
+    """``hydra.searchpath=[file://...]`` naming the user's config folders (None when there are none)."""
+    folders = user_config_dirs()
+    if not folders:
+        return None
+    return "hydra.searchpath=[" + ",".join(f"file://{folder}" for folder in folders) + "]"
+
+
+def without_search_path(overrides: list[str]) -> list[str]:
+    """The overrides less any ``hydra.searchpath=`` (its folders are in ``SPECBENCH_CONFIG_PATH`` already)."""
+    return [override for override in overrides if not override.lstrip("+~").startswith("hydra.searchpath=")]
 
 
 def compose_config(*overrides: str, config_name: str = "config", hydra_node: bool = False) -> DictConfig:
@@ -38,9 +120,11 @@ def compose_config(*overrides: str, config_name: str = "config", hydra_node: boo
     """
     from hydra.errors import HydraException
 
+    search_path = search_path_override()
+    given = [*without_search_path(list(overrides)), *([search_path] if search_path else [])]
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-            return compose(config_name, overrides=list(overrides), return_hydra_config=hydra_node)
+            return compose(config_name, overrides=given, return_hydra_config=hydra_node)
     except HydraException as error:
         raise ConfigError(composition_problem(error)) from error
 

@@ -15,8 +15,8 @@ from specbench.core.acceptance import Sampling
 from specbench.core.drafter import Drafter
 from specbench.core.loop import Decoder, Engine, Generation, synchronize
 from specbench.core.rules import acceptance_rule
-from specbench.drafters.draft_model import load_draft, vocab_width
 from specbench.errors import ConfigError
+from specbench.models.draft import load_draft, vocab_width
 from specbench.models.loading import LoadedModel
 
 ENGINES = ("loop", "hf_generate")

@@ -61,3 +61,28 @@ def training_cache(tmp_path, monkeypatch) -> Path:
     (root / checkpoint.name).symlink_to(checkpoint)
     monkeypatch.setenv("SPECBENCH_CACHE", str(root))
     return root
+
+
+def pytest_addoption(parser):
+    """``--method NAME`` (repeatable) and ``--config-dir DIR``: run the conformance suite on your own method too."""
+    parser.addoption(
+        "--method",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a method config for tests/test_conformance.py (default: every config in conf/method)",
+    )
+    parser.addoption(
+        "--config-dir",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a folder of your own configs (method/, dataset/, ...), as for python -m specbench -cd DIR",
+    )
+
+
+def pytest_configure(config):
+    """The user's config folders join the search path before any test composes a config."""
+    from specbench.config import add_user_config_dirs
+
+    add_user_config_dirs(config.getoption("--config-dir"))

@@ -8,12 +8,13 @@ from omegaconf import OmegaConf
 
 from specbench.core.acceptance import Sampling
 from specbench.core.loop import Decoder
-from specbench.drafters.draft_model import DraftLM, check_vocab, common_prefix, load_draft
+from specbench.drafters.draft_model import DraftLM, common_prefix
 from specbench.drafters.opt_tree import FixedTree, OptTree
 from specbench.drafters.spede import SpeDe
 from specbench.drafters.tree_fill import sample_without_replacement
 from specbench.engines import HFGenerate, hf_assistant
 from specbench.errors import ConfigError, ModelUnavailable
+from specbench.models.draft import check_vocab, load_draft
 from specbench.models.loading import LoadedModel
 from tests.conftest import tiny_model
 from tests.test_loop import ar_greedy

@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-LAYERS = [  # lowest first; a module belongs to the first layer whose prefix it matches
+LAYERS = [  # lowest first, as docs/design.md#layering draws them; a module belongs to the first layer it matches
     (
         "foundation",
         (
@@ -27,9 +27,11 @@ LAYERS = [  # lowest first; a module belongs to the first layer whose prefix it 
         ),
     ),
     ("core", ("specbench.core",)),
-    ("parts", ("specbench.structures", "specbench.models", "specbench.data", "specbench.corpus", "specbench.train")),
+    ("parts", ("specbench.structures", "specbench.models", "specbench.data")),
+    ("part builders", ("specbench.train", "specbench.corpus")),
     ("drafters", ("specbench.drafters",)),
-    ("runner", ("specbench.runner", "specbench.engines", "specbench.metrics")),
+    ("engines and metrics", ("specbench.engines", "specbench.metrics")),
+    ("runner", ("specbench.runner",)),
     (
         "apps",
         (
@@ -38,10 +40,20 @@ LAYERS = [  # lowest first; a module belongs to the first layer whose prefix it 
             "specbench.reproduce",
             "specbench.profile",
             "specbench.parity",
+            "specbench.conformance",
             "specbench.__main__",
         ),
     ),
 ]
+REPORT_IMPORTS = {
+    "specbench.metrics",
+    "specbench.schema",
+    "specbench.errors",
+    "specbench.cli",
+    "specbench.dependencies",
+}
+"""What ``report.py`` may import from the package (docs/design.md#layering): no model, no runner, so notebooks
+and the reproduction build read results without loading torch models."""
 SHARED_DRAFTER_PARTS = {
     "specbench.drafters.draft_model",
     "specbench.drafters.ngram_chain",
@@ -99,6 +111,11 @@ def test_drafters_share_code_only_through_common_parts(path):
         if target.startswith("specbench.drafters.") and target != own and target not in SHARED_DRAFTER_PARTS
     )
     assert not borrowed, f"{own} imports other methods' drafters: {borrowed}"
+
+
+def test_report_imports_only_what_the_design_allows():
+    """report.py reads and compares results; it never reaches the model, the loop or the runner."""
+    assert imports(ROOT / "specbench" / "report.py") <= REPORT_IMPORTS
 
 
 def test_the_layer_check_catches_an_upward_import(tmp_path):

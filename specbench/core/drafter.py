@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from specbench.core.acceptance import Acceptance
+from specbench.core.acceptance import Acceptance, Sampling
 from specbench.core.tree import DraftTree
 from specbench.core.verify import VerifyOutput
 from specbench.errors import ConfigError
@@ -189,6 +189,11 @@ def knob_choice(key: str, value: object, choices: Sequence[object], symbol: str 
     if value not in choices:
         raise ConfigError(f"{knob_name(key, symbol)} must be one of {list(choices)}, got {value!r}")
     return value
+
+
+def knob_sampling(temperature: object, top_p: object) -> Sampling:
+    """The run's sampling settings as a drafter receives them (``method.drafter.temperature`` / ``top_p``), checked."""
+    return Sampling(knob_number("temperature", temperature, 0.0), knob_number("top_p", top_p, 0.0, 1.0))
 
 
 def knob_name(key: str, symbol: str | None) -> str:

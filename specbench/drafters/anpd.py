@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specbench.core.drafter import knob_choice
+from specbench.core.drafter import knob_choice, knob_int
 from specbench.drafters.ngram_chain import NgramChainDrafter
 from specbench.structures.ngram import MultiLevelNgram
 
@@ -27,7 +27,8 @@ class ANPD(NgramChainDrafter):
     ):
         self.max_ngram_size = max_ngram_size
         self.multi_level = bool(multi_level)
-        self.pad = pad_id if knob_choice("on_miss", on_miss, ON_MISS) == "pad" else None
+        pad = knob_int("pad_id", pad_id, 0)  # checked whatever on_miss is: a bad value never waits unseen
+        self.pad = pad if knob_choice("on_miss", on_miss, ON_MISS) == "pad" else None
         super().__init__(draft_len, "draft_len", "K")
 
     def new_table(self) -> MultiLevelNgram:

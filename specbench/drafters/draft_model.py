@@ -1,7 +1,6 @@
 """Draft-model machinery shared by SpeDe, OPT-Tree and the fixed-tree baselines.
 
-- ``load_draft``: the draft named by a model config's ``draft`` node (``conf/model/*.yaml``), on the
-  target's device and dtype, checked to share the target's tokenizer.
+- the draft itself is loaded by ``specbench.models.draft.load_draft`` (the model config's ``draft`` node).
 - ``DraftLM``: the draft model with its OWN KV cache. After each step the cache holds a prefix of
   the committed tokens without the new root (the target's correction/bonus token, never drafted).
   ``sync`` catches up lazily from ``ctx.tokens`` (crop to the shared prefix, feed the rest); chains
@@ -14,125 +13,18 @@
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 
-from specbench.core.acceptance import Acceptance, Sampling
-from specbench.core.drafter import DecodeContext, Drafter
+from specbench.core.acceptance import Acceptance
+from specbench.core.drafter import DecodeContext, Drafter, knob_sampling
 from specbench.core.tree import DraftTree
 from specbench.core.verify import compact_cache, new_cache
 from specbench.drafters.tree_fill import pick_children
-from specbench.errors import ConfigError, ModelUnavailable
-from specbench.manifest import finished_manifest, part_name
-from specbench.models.loading import build_tiny_llama, eos_token_ids, load_pretrained
-from specbench.paths import distilled_draft_dir
+from specbench.models.draft import load_draft, vocab_width
+from specbench.models.loading import eos_token_ids
 from specbench.structures.tree_rows import TreeRowMask
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-DRAFT_SOURCES = ("hub", "distilled", "tiny", "target")
-
-
-@dataclass
-class LoadedDraft:
-    """A draft model ready to run beside its target."""
-
-    model: PreTrainedModel
-    tokenizer: PreTrainedTokenizerBase | None  # None when the draft ships no tokenizer (tiny random drafts)
-    path: str  # where the weights came from (recorded in stats)
-    part: str = ""  # how runs name this draft (distilled: its weights digest; else where it came from)
-
-    def __post_init__(self) -> None:
-        self.part = self.part or f"draft:{self.path}"
-
-
-def vocab_width(model) -> int:
-    """Number of logits the model produces per position."""
-    return model.get_output_embeddings().weight.shape[0]
-
-
-def distilled_dir(target_name: str) -> tuple[Path, str]:
-    """The distilled draft's directory for ``target_name`` and its part name, or a ModelUnavailable saying
-    how to train it (also when its manifest does not say training finished)."""
-    directory = distilled_draft_dir(target_name)
-    command = f"python -m specbench.train draft model={target_name}"
-    if not directory.is_dir():
-        raise ModelUnavailable(
-            f"no distilled draft model for {target_name} at {directory}; train it once with "
-            f"`{command}` or set model.draft.path=<Hub id or dir>"
-        )
-    return directory, part_name("draft", directory, finished_manifest(directory, "distilled draft", command))
-
-
-def load_draft(cfg, target_name: str, target, tokenizer) -> LoadedDraft:
-    """The draft described by a ``model.draft`` node, on the target's device/dtype, tokenizer-checked.
-
-    ``path`` (a Hub id or a local directory) wins over ``source`` whenever it is set, so any
-    checkpoint can be tried with ``model.draft.path=...``.
-    """
-    source = cfg.get("source", "hub") if cfg is not None else "hub"
-    path = cfg.get("path") if cfg is not None else None
-    if source not in DRAFT_SOURCES:
-        raise ConfigError(f"model.draft.source must be one of {DRAFT_SOURCES}; got {source!r}")
-    if source == "target" and not path:
-        return LoadedDraft(target, tokenizer, "target")
-    part = ""
-    if path:
-        location = os.path.expanduser(str(path))
-        revision = cfg.get("revision")
-        part = f"draft:{location}" + (f"@{revision}" if revision else "")
-        model, draft_tokenizer = load_pretrained(location, target.dtype, revision)
-    elif source == "distilled":
-        directory, part = distilled_dir(target_name)
-        location = str(directory)
-        model, draft_tokenizer = load_pretrained(location, target.dtype, None)
-    elif source == "tiny":
-        tiny = dict(cfg.tiny)
-        model = build_tiny_llama(vocab_width(target), device=target.device, dtype=target.dtype, **tiny)
-        draft_tokenizer = None
-        location = f"tiny-random-llama(seed={tiny.get('seed')})"
-    else:
-        raise ConfigError(
-            f"this method needs a draft model but model {target_name} names none: set "
-            f"model.draft.path=<Hub id or local dir> (a causal LM sharing the target's tokenizer)"
-        )
-    model = model.to(device=target.device, dtype=target.dtype).eval()
-    check_vocab(model, draft_tokenizer, target, tokenizer, location)
-    return LoadedDraft(model, draft_tokenizer, location, part)
-
-
-def check_vocab(draft, draft_tokenizer, target, tokenizer, location: str) -> None:
-    """Refuse a draft whose token ids do not mean what the target's mean.
-
-    With both tokenizers at hand every id the two vocabularies share must map to the same token
-    (Llama-68M's 32000 ids inside CodeLlama's 32016 pass); without a draft tokenizer the sizes
-    must be equal.
-    """
-    v_draft, v_target = vocab_width(draft), vocab_width(target)
-    if draft_tokenizer is None or tokenizer is None:
-        if v_draft != v_target:
-            raise ConfigError(
-                f"draft {location} has {v_draft} token ids but the target has {v_target}, and "
-                f"no tokenizer shows they agree; a draft must share the target's tokenizer"
-            )
-        return
-    shared = min(v_draft, v_target)
-    target_vocab = tokenizer.get_vocab()
-    bad = [
-        (token, i) for token, i in draft_tokenizer.get_vocab().items() if i < shared and target_vocab.get(token) != i
-    ]
-    if bad:
-        token, i = bad[0]
-        raise ConfigError(
-            f"draft {location} does not share the target's tokenizer: {len(bad)} of its ids "
-            f"below {shared} mean other tokens (e.g. id {i} is {token!r} in the draft, "
-            f"id {target_vocab.get(token)} in the target)"
-        )
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -271,7 +163,7 @@ class DraftModelDrafter(Drafter):
         super().__init__()
         self.draft_cfg = draft
         self.target_name = target_name
-        self.sampling = Sampling(temperature, top_p)
+        self.sampling = knob_sampling(temperature, top_p)
         self.sample_drafts = not self.sampling.greedy  # False: top-k drafts (deterministic) at any temperature
         self.lm: DraftLM | None = None
         self.draft_path: str | None = None

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import torch
 
-from specbench.core.acceptance import Acceptance, Sampling
-from specbench.core.drafter import DecodeContext, Drafter, knob_choice, knob_int, knob_number
+from specbench.core.acceptance import Acceptance
+from specbench.core.drafter import DecodeContext, Drafter, knob_choice, knob_int, knob_number, knob_sampling
 from specbench.core.tree import DraftTree
 from specbench.core.verify import VerifyOutput, compact_cache, new_cache
 from specbench.drafters.tree_fill import fill_shape
@@ -168,7 +168,7 @@ class EagleDrafter(Drafter):
         super().__init__()
         self.head_cfg = head
         self.target_name = target_name
-        self.sampling = Sampling(temperature, top_p)
+        self.sampling = knob_sampling(temperature, top_p)
         self.loaded_head: HeadCache | None = None
         self.origin = ""
         self.trained_top1: list[float] | None = None
@@ -259,6 +259,8 @@ class EagleDrafter(Drafter):
 def eagle_shape(shape: str, nodes: int | None, paths) -> TreeShape:
     """The static tree named by the config: a published tree, a binary tree of ``nodes`` nodes, or ``paths``."""
     knob_choice("shape", shape, SHAPES)
+    if nodes is not None:  # checked whatever the shape is: a bad value never waits unseen
+        knob_int("nodes", nodes, 1, "n")
     if shape in PUBLISHED_TREES:
         return TreeShape.from_paths(PUBLISHED_TREES[shape])
     if shape == "binary":

@@ -47,11 +47,11 @@ def dev_answers(name: str, data_dir: str | None) -> list[str]:
     """The dev-split answers of the ``conf/dataset/<name>.yaml`` dataset."""
     from omegaconf import OmegaConf
 
-    from specbench.config import CONF_DIR, group_options
+    from specbench.config import find_config, group_options
     from specbench.data.base import build_dataset
 
-    path = CONF_DIR / "dataset" / f"{name}.yaml"
-    if not path.is_file():
+    path = find_config("dataset", name)
+    if path is None:
         raise ConfigError(
             f"method.drafter.warmup.dataset={name!r} is not a dataset config; choose one of {group_options('dataset')}"
         )

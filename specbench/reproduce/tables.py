@@ -25,7 +25,7 @@ import pandas as pd
 import yaml
 from omegaconf import OmegaConf
 
-from specbench.config import CONF_DIR
+from specbench.config import find_config
 from specbench.report import commit_text, provenance_warning
 from specbench.reproduce.results import Results, format_value, setting_text, stamp
 
@@ -199,8 +199,8 @@ def paper_values() -> pd.DataFrame:
 @cache
 def model_draft(model: str) -> str:
     """The paper's name of the draft a model config runs: its ``draft.paper_label`` (L-68M when unset)."""
-    path = CONF_DIR / "model" / f"{model}.yaml"
-    label = OmegaConf.select(OmegaConf.load(path), "draft.paper_label") if path.is_file() else None
+    path = find_config("model", model)
+    label = OmegaConf.select(OmegaConf.load(path), "draft.paper_label") if path else None
     return label or DEFAULT_DRAFT_LABEL
 
 
@@ -208,8 +208,8 @@ def model_draft(model: str) -> str:
 def method_draft(method: str) -> str | None:
     """The paper's name of the draft a method brings itself, whatever the model's draft model is: its config's
     ``paper_draft`` (the EAGLE drafters run the model's EAGLE head), else None."""
-    path = CONF_DIR / "method" / f"{method}.yaml"
-    if not method or not path.is_file():
+    path = find_config("method", method) if method else None
+    if path is None:
         return None
     draft = OmegaConf.select(OmegaConf.load(path), "paper_draft", default=None)
     return None if draft is None else str(draft)

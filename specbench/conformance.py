@@ -1,0 +1,402 @@
+"""The conformance suite: what every method is checked for, for free, on tiny random models.
+
+``python -m specbench.conformance [METHOD ...] [-cd DIR]`` runs it on the named methods (default: every
+method config, the user's config folders included) and prints one line per check; the test suite runs
+the same checks under pytest (``tests/test_conformance.py``, ``--method NAME`` adds a user's method).
+Adding a method means adding a drafter and a config: the suite picks the config up.
+
+Checks (docs/adding-a-method.md#what-the-framework-checks-for-you):
+
+- ``builds``: the config composes, its knobs validate and the engine builds on the tiny model.
+- ``greedy``: a lossless method's greedy output equals AR's, token for token (prompts that make drafters draft).
+- ``budget``: exactly ``max_new_tokens`` tokens for budgets 1, 2 and 7, however many a step could accept.
+- ``eos``: generation ends at the first EOS token (equal to AR's output up to it, for lossless methods).
+- ``sampling``: at T > 0 the law of the output equals the target's (Pearson chi-square on a model with a
+  vocabulary of 16, outputs of 3 tokens); lossy methods are exempt.
+- ``knobs``: every numeric drafter knob given a string is refused with an error naming ``method.drafter.<key>``.
+- ``breakdown``: the step breakdown's phases cover each step's time (methods on the shared loop).
+- ``resume``: a run extended from ``limit=1`` to ``limit=2`` holds each sample once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import random
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from itertools import product
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from specbench.cli import user_errors
+from specbench.config import add_user_config_dirs, compose_config, group_options
+from specbench.core.acceptance import Sampling, target_probs
+from specbench.core.loop import Engine
+from specbench.engines import build_engine, check_method
+from specbench.errors import UserError
+from specbench.models.loading import LoadedModel, build_tiny_llama, load_model
+from specbench.runner import Runner
+from specbench.schema import PHASES
+
+STAND_IN_OVERRIDES: dict[str, tuple[str, ...]] = {
+    "self_draft": ("+self_draft_cache=no_corpus",),  # no corpus text to build a cache from
+    "static_tree": ("method.drafter.rank_hits=[0.5,0.2,0.1,0.05]",),  # no trained draft's rank profile
+}
+"""What the tiny model lacks that a method's defaults expect; every other method runs at its defaults."""
+
+GREEDY_TOKENS = 40
+BUDGETS = (1, 2, 7)
+SAMPLING = Sampling(temperature=0.7)
+SAMPLING_VOCAB = 16  # wider than every method's top-k (Medusa's and EAGLE-2's 10)
+LOGIT_SCALE = 8.0  # the small model's output layer scaled up: a law far from uniform, most mass on ~40 outputs
+SAMPLING_LENGTH = 3
+SAMPLING_TRIALS = 1000
+SAMPLING_MIN_P = 1e-3  # a lossless method fails one run in a thousand by chance
+SAMPLING_PROMPT = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3]  # repeats, so n-gram drafters draft
+BREAKDOWN_TOLERANCE = 0.03
+CHECKS = ("builds", "greedy", "budget", "eos", "sampling", "knobs", "breakdown", "resume")
+
+
+@dataclass(frozen=True)
+class Result:
+    """One check's outcome: ``passed`` is None for a check that does not apply (``detail`` says why)."""
+
+    method: str
+    check: str
+    passed: bool | None
+    detail: str
+
+
+# -- the subjects and their models -----------------------------------------------------------------
+
+
+def methods() -> list[str]:
+    """Every method config (packaged and the user's config folders)."""
+    return group_options("method")
+
+
+def method_config(name: str, *extra: str) -> DictConfig:
+    """The method's config composed on the tiny model, with its stand-in overrides and ``extra``."""
+    return compose_config("model=tiny_llama", f"method={name}", *STAND_IN_OVERRIDES.get(name, ()), *extra).method
+
+
+@cache
+def tiny_lm() -> LoadedModel:
+    """The ``tiny_llama`` model (random weights, the embedded tokenizer), with no EOS token."""
+    lm = load_model(compose_config("model=tiny_llama").model, torch.device("cpu"), torch.float32)
+    return dataclasses.replace(lm, eos_ids=frozenset())
+
+
+@cache
+def small_vocab_lm() -> LoadedModel:
+    """A tiny random Llama with a vocabulary of SAMPLING_VOCAB tokens, so its output law can be computed exactly;
+    its logits scaled by LOGIT_SCALE so that the law is peaked enough for a chi-square test of 1,000 draws."""
+    arch = dict(OmegaConf.to_container(compose_config("model=tiny_llama").model.tiny))
+    seed = arch.pop("seed")
+    model = build_tiny_llama(SAMPLING_VOCAB, seed, **arch)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(LOGIT_SCALE)
+    return LoadedModel(model, None, "tiny_llama", "tiny", frozenset(), arch["max_position_embeddings"])
+
+
+def engine_for(name: str, lm: LoadedModel, sampling: Sampling | None = None, breakdown: bool = False) -> Engine:
+    """The method's engine on ``lm`` (greedy unless ``sampling`` says otherwise; step breakdown as asked)."""
+    return build_engine(method_config(name), lm, sampling or Sampling(), breakdown)
+
+
+def generate(engine: Engine, prompt: list[int], max_new_tokens: int, seed: int | None = None):
+    """One generation without autograd (seeded when ``seed`` is given)."""
+    generator = torch.Generator().manual_seed(seed) if seed is not None else None
+    with torch.inference_mode():
+        return engine.generate(prompt, max_new_tokens, generator)
+
+
+def is_lossless(name: str) -> bool:
+    """Whether the method's config declares it lossless."""
+    return bool(method_config(name).get("lossless", False))
+
+
+@cache
+def prompts() -> tuple[tuple[int, ...], ...]:
+    """Prompts drafters can draft from: repeated phrases, then AR's own continuation (which tends to loop)."""
+    ar = engine_for("ar", tiny_lm())
+    chosen = []
+    for seed in range(3):
+        rng = random.Random(seed)
+        phrase = [rng.randrange(97) for _ in range(8)]
+        prompt = phrase * 3 + [rng.randrange(97) for _ in range(4)] + phrase[:3]
+        chosen.append(tuple(prompt + generate(ar, prompt, 24).output_ids))
+    return tuple(chosen)
+
+
+@cache
+def ar_output(prompt: tuple[int, ...], max_new_tokens: int) -> tuple[int, ...]:
+    """AR's greedy output on the tiny model (the reference every lossless method must equal)."""
+    return tuple(generate(engine_for("ar", tiny_lm()), list(prompt), max_new_tokens).output_ids)
+
+
+# -- the checks ------------------------------------------------------------------------------------
+
+
+def check_builds(name: str) -> str:
+    """The config composes, the knobs validate before any model loads, the engine builds on the tiny model."""
+    check_method(method_config(name))
+    engine_for(name, tiny_lm())
+    return "composes, validates and builds on tiny_llama"
+
+
+def check_greedy(name: str) -> str:
+    """Greedy output equals AR's on every prompt (one engine reused: reset must clear per-request state)."""
+    engine = engine_for(name, tiny_lm())
+    steps = 0
+    for index, prompt in enumerate(prompts()):
+        truth = ar_output(prompt, GREEDY_TOKENS)
+        gen = generate(engine, list(prompt), GREEDY_TOKENS)
+        if tuple(gen.output_ids) != truth:
+            first = next((i for i, (a, b) in enumerate(zip(gen.output_ids, truth)) if a != b), len(truth))
+            raise AssertionError(f"prompt {index}: output differs from AR at token {first}")
+        steps += gen.target_forwards
+    return f"{len(prompts())} prompts x {GREEDY_TOKENS} tokens equal AR ({steps} verify steps)"
+
+
+def check_budget(name: str) -> str:
+    """Exactly ``max_new_tokens`` tokens, stop reason ``max_new_tokens``, for small budgets."""
+    engine = engine_for(name, tiny_lm())
+    prompt = list(prompts()[0])
+    for budget in BUDGETS:
+        gen = generate(engine, prompt, budget)
+        if len(gen.output_ids) != budget or gen.stop_reason != "max_new_tokens":
+            raise AssertionError(f"budget {budget}: {len(gen.output_ids)} tokens, stop reason {gen.stop_reason}")
+        if is_lossless(name) and tuple(gen.output_ids) != ar_output(tuple(prompt), GREEDY_TOKENS)[:budget]:
+            raise AssertionError(f"budget {budget}: the output is not AR's first {budget} tokens")
+    return f"budgets {list(BUDGETS)} give exactly that many tokens"
+
+
+def check_eos(name: str) -> str:
+    """With an EOS token that AR emits mid-output, generation stops right after its first occurrence."""
+    prompt = prompts()[1]
+    truth = ar_output(prompt, GREEDY_TOKENS)
+    index = next(i for i in range(5, len(truth)) if truth[i] not in truth[:i])
+    eos = truth[index]
+    lm = dataclasses.replace(tiny_lm(), eos_ids=frozenset({eos}))
+    gen = generate(engine_for(name, lm), list(prompt), GREEDY_TOKENS)
+    out = gen.output_ids
+    if gen.stop_reason == "eos" and (eos in out[:-1] or out[-1] != eos):
+        raise AssertionError(f"stopped for EOS but EOS {eos} is not the last token only")
+    if is_lossless(name) and tuple(out) != truth[: index + 1]:
+        raise AssertionError(f"output {len(out)} tokens, AR stops at EOS after {index + 1}")
+    if gen.stop_reason != "eos" and eos in out:
+        raise AssertionError("EOS emitted but generation went on")
+    return f"stops at EOS (token {index} of AR's output)"
+
+
+@cache
+def exact_output_law(length: int = SAMPLING_LENGTH) -> dict[tuple[int, ...], float]:
+    """The small-vocabulary model's probability of every continuation of ``length`` tokens at SAMPLING
+    (one forward per prefix of ``length - 1`` tokens gives the laws of all its completions)."""
+    model = small_vocab_lm().model
+    law = {}
+    with torch.inference_mode():
+        for prefix in product(range(SAMPLING_VOCAB), repeat=length - 1):
+            logits = model(torch.tensor([SAMPLING_PROMPT + list(prefix)])).logits[0, len(SAMPLING_PROMPT) - 1 :]
+            probs = target_probs(logits.float(), SAMPLING)  # [length, vocab]
+            along = float(torch.prod(probs[torch.arange(length - 1), torch.tensor(prefix, dtype=torch.long)]))
+            for last in range(SAMPLING_VOCAB):
+                law[prefix + (last,)] = along * float(probs[length - 1, last])
+    return law
+
+
+def chi_square(counts: dict, expected: dict, min_expected: float = 5.0) -> tuple[float, int, float]:
+    """Pearson chi-square of ``counts`` against probabilities ``expected``: (statistic, dof, p-value).
+
+    Cells expected below ``min_expected`` draws are pooled into one cell (so the chi-square law holds);
+    an observed outcome of probability 0 gives an infinite statistic. The p-value uses the
+    Wilson-Hilferty normal approximation (good to ~10% relative at p = 1e-3 for dof >= 3).
+    """
+    trials = sum(counts.values())
+    if any(count and expected.get(key, 0.0) == 0.0 for key, count in counts.items()):
+        return math.inf, 0, 0.0
+    stat, pooled_count, pooled_expected, cells = 0.0, 0, 0.0, 0
+    for key, prob in expected.items():
+        mean = trials * prob
+        if mean < min_expected:
+            pooled_count += counts.get(key, 0)
+            pooled_expected += mean
+            continue
+        stat += (counts.get(key, 0) - mean) ** 2 / mean
+        cells += 1
+    if pooled_expected > 0:
+        stat += (pooled_count - pooled_expected) ** 2 / pooled_expected
+        cells += 1
+    dof = cells - 1
+    return stat, dof, chi_square_sf(stat, dof)
+
+
+def chi_square_sf(stat: float, dof: int) -> float:
+    """P(X >= stat) for X ~ chi-square(dof), by the Wilson-Hilferty cube-root normal approximation."""
+    scale = 2.0 / (9.0 * dof)
+    z = ((stat / dof) ** (1.0 / 3.0) - (1.0 - scale)) / math.sqrt(scale)
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
+def sampled_law(engine: Engine, trials: int = SAMPLING_TRIALS) -> Counter:
+    """How often each output comes out of ``trials`` generations seeded 0, 1, ..."""
+    return Counter(tuple(generate(engine, SAMPLING_PROMPT, SAMPLING_LENGTH, seed).output_ids) for seed in range(trials))
+
+
+def check_sampling(name: str) -> str:
+    """At T > 0 the output law is the target's: chi-square p-value above SAMPLING_MIN_P."""
+    counts = sampled_law(engine_for(name, small_vocab_lm(), SAMPLING))
+    stat, dof, p_value = chi_square(counts, exact_output_law())
+    if p_value <= SAMPLING_MIN_P:
+        raise AssertionError(f"output law differs from the target's: chi2 {stat:.1f}, dof {dof}, p {p_value:.2g}")
+    return f"T={SAMPLING.temperature}: chi2 {stat:.1f} on {dof} dof, p {p_value:.2f} ({SAMPLING_TRIALS} draws)"
+
+
+def numeric_knobs(cfg: DictConfig) -> list[str]:
+    """The drafter's knobs whose default is a number (not a bool), in config order."""
+    drafter = OmegaConf.to_container(cfg.drafter, resolve=True)
+    assert isinstance(drafter, dict)
+    return [
+        str(key)
+        for key, value in drafter.items()
+        if key != "_target_" and isinstance(value, (int, float)) and not isinstance(value, bool)
+    ]
+
+
+def check_knobs(name: str) -> str:
+    """Each numeric knob given a string is refused before any model loads, naming the knob."""
+    knobs = numeric_knobs(method_config(name))
+    for key in knobs:
+        try:
+            check_method(method_config(name, f"method.drafter.{key}=abc"))
+        except UserError as error:
+            if f"method.drafter.{key}" not in str(error):
+                raise AssertionError(f"method.drafter.{key}=abc: the error does not name the knob: {error}") from None
+        except Exception as error:  # a crash instead of a clear error is what this check exists to find
+            crash = " ".join(f"{type(error).__name__}: {error}".split())
+            raise AssertionError(f"method.drafter.{key}=abc crashed ({crash[:160]})") from None
+        else:
+            raise AssertionError(f"method.drafter.{key}=abc was accepted")
+    return f"{len(knobs)} numeric knobs refuse a string, naming the knob" if knobs else "no numeric knobs"
+
+
+def check_breakdown(name: str) -> str:
+    """Every phase is timed once per step and the phases cover the step time within BREAKDOWN_TOLERANCE."""
+    gen = generate(engine_for(name, tiny_lm(), breakdown=True), list(prompts()[0]), GREEDY_TOKENS)
+    assert gen.step_s is not None
+    for phase in PHASES:
+        laps = getattr(gen, f"{phase}_s")
+        if laps is None or len(laps) != gen.target_forwards or min(laps, default=0.0) < 0:
+            raise AssertionError(f"phase {phase}: not one non-negative time per step")
+    phases = sum(sum(getattr(gen, f"{phase}_s")) for phase in PHASES)
+    steps = sum(gen.step_s)
+    if phases > steps or abs(phases - steps) > BREAKDOWN_TOLERANCE * steps:
+        raise AssertionError(f"phases sum to {phases:.4f} s of {steps:.4f} s of steps")
+    return f"phases cover {phases / steps:.1%} of the step time"
+
+
+def check_resume(name: str) -> str:
+    """A run extended from limit=1 to limit=2 in the same folder holds each of its samples once."""
+    with tempfile.TemporaryDirectory() as folder:
+        prompts_file = Path(folder) / "prompts.txt"
+        prompts_file.write_text("Say hello.\nName a color.\nCount to three.\n")
+        run = Path(folder) / "run"
+        for limit in (1, 2):
+            cfg = compose_config(
+                "model=tiny_llama",
+                f"method={name}",
+                *STAND_IN_OVERRIDES.get(name, ()),
+                "dataset=jsonl",
+                f"dataset.path={prompts_file}",
+                f"limit={limit}",
+                "max_new_tokens=6",
+                "warmup=0",
+                "progress=false",
+                f"output_dir={run}",
+            )
+            Runner(cfg).run()
+        lines = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines() if line.strip()]
+    ids = [record["sample_id"] for record in lines]
+    if sorted(ids) != ["1", "2"]:
+        raise AssertionError(f"after resuming to limit=2 the run holds samples {ids}")
+    return "limit 1 then 2: samples 1 and 2, once each"
+
+
+CHECK_FUNCTIONS: dict[str, Callable[[str], str]] = {
+    "builds": check_builds,
+    "greedy": check_greedy,
+    "budget": check_budget,
+    "eos": check_eos,
+    "sampling": check_sampling,
+    "knobs": check_knobs,
+    "breakdown": check_breakdown,
+    "resume": check_resume,
+}
+
+
+def not_applicable(name: str, check: str) -> str | None:
+    """Why ``check`` does not apply to the method (None when it does): exactness needs a lossless method,
+    knobs and the breakdown need a drafter on the shared loop."""
+    cfg = method_config(name)
+    if check in ("greedy", "sampling") and not cfg.get("lossless", False):
+        return "lossy (lossless: false): its outputs are not the target's"
+    if check in ("knobs", "breakdown") and cfg.engine != "loop":
+        return f"engine {cfg.engine}: no drafter on the shared loop"
+    return None
+
+
+def run_check(name: str, check: str) -> Result:
+    """One check on one method; a failure (or a user error it raises) is captured in the Result."""
+    reason = not_applicable(name, check)
+    if reason is not None:
+        return Result(name, check, None, reason)
+    try:
+        return Result(name, check, True, CHECK_FUNCTIONS[check](name))
+    except (AssertionError, UserError) as failure:
+        return Result(name, check, False, str(failure))
+
+
+# -- the command line ------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m specbench.conformance``."""
+    parser = argparse.ArgumentParser(prog="python -m specbench.conformance", description=__doc__.splitlines()[0])
+    parser.add_argument("methods", nargs="*", metavar="METHOD", help="method configs (default: every one)")
+    parser.add_argument("--config-dir", "-cd", dest="config_dirs", action="append", default=[], metavar="DIR")
+    parser.add_argument("--checks", nargs="+", choices=CHECKS, default=list(CHECKS), help="which checks to run")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the checks, print one line each; exit 1 if any failed."""
+    args = _parser().parse_args(argv)
+    with user_errors(argv):
+        add_user_config_dirs(args.config_dirs)
+        names = args.methods or methods()
+        unknown = sorted(set(names) - set(methods()))
+        if unknown:
+            raise UserError(f"unknown method {unknown[0]!r}; choose one of {methods()}")
+        failed = 0
+        for name in names:
+            for check in args.checks:
+                result = run_check(name, check)
+                mark = {True: "pass", False: "FAIL", None: "n/a "}[result.passed]
+                print(f"{mark}  {name:20s} {check:10s} {result.detail}", flush=True)
+                failed += result.passed is False
+    print(f"{failed} check(s) failed" if failed else "every check passed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,9 +1,8 @@
-"""Helpers shared by tests: exact target joints, sampled output counts, chi-square goodness of fit, draws
+"""Helpers shared by tests: exact target joints, sampled output counts, draws
 without replacement, the method configs."""
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 
 import torch
@@ -42,39 +41,6 @@ def pearson_statistic(counts: dict, expected: dict[tuple, float]) -> float:
     """Pearson's chi-square statistic of ``counts`` against probabilities ``expected`` (no pooling)."""
     trials = sum(counts.values())
     return sum((counts.get(key, 0) - trials * p) ** 2 / (trials * p) for key, p in expected.items())
-
-
-def chi_square(counts: dict, expected: dict[tuple, float], min_expected: float = 5.0) -> tuple[float, int, float]:
-    """Pearson chi-square of ``counts`` against probabilities ``expected``: (statistic, dof, p-value).
-
-    Cells expected below ``min_expected`` draws are pooled into one cell (so the chi-square law holds);
-    an observed outcome of probability 0 gives an infinite statistic. The p-value uses the
-    Wilson-Hilferty normal approximation (good to ~10% relative at p = 1e-3 for dof >= 3).
-    """
-    trials = sum(counts.values())
-    if any(count and expected.get(key, 0.0) == 0.0 for key, count in counts.items()):
-        return math.inf, 0, 0.0
-    stat, pooled_count, pooled_expected, cells = 0.0, 0, 0.0, 0
-    for key, prob in expected.items():
-        mean = trials * prob
-        if mean < min_expected:
-            pooled_count += counts.get(key, 0)
-            pooled_expected += mean
-            continue
-        stat += (counts.get(key, 0) - mean) ** 2 / mean
-        cells += 1
-    if pooled_expected > 0:
-        stat += (pooled_count - pooled_expected) ** 2 / pooled_expected
-        cells += 1
-    dof = cells - 1
-    return stat, dof, chi_square_sf(stat, dof)
-
-
-def chi_square_sf(stat: float, dof: int) -> float:
-    """P(X >= stat) for X ~ chi-square(dof), by the Wilson-Hilferty cube-root normal approximation."""
-    scale = 2.0 / (9.0 * dof)
-    z = ((stat / dof) ** (1.0 / 3.0) - (1.0 - scale)) / math.sqrt(scale)
-    return 0.5 * math.erfc(z / math.sqrt(2.0))
 
 
 def draw_without_replacement(probs: torch.Tensor, k: int, generator: torch.Generator) -> list[int]:

@@ -14,6 +14,7 @@ import torch
 from omegaconf import OmegaConf
 from transformers import LlamaConfig
 
+from specbench.conformance import chi_square
 from specbench.core import speculative
 from specbench.core.acceptance import Sampling
 from specbench.core.loop import Decoder
@@ -30,7 +31,7 @@ from specbench.models.eagle_heads import (
 )
 from specbench.structures.tree_builders import ExpandRerankBuilder
 from tests.conftest import tiny_model
-from tests.helpers import chi_square, exact_joint, sampled_outputs
+from tests.helpers import exact_joint, sampled_outputs
 from tests.test_loop import ar_greedy
 
 RANDOM_HEAD = OmegaConf.create({"source": "random", "seed": 0})

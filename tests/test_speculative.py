@@ -15,6 +15,7 @@ from itertools import product
 import pytest
 import torch
 
+from specbench.conformance import chi_square
 from specbench.core import speculative
 from specbench.core.acceptance import Acceptance, Sampling, accept_match, target_probs
 from specbench.core.drafter import Drafter
@@ -22,7 +23,7 @@ from specbench.core.loop import Decoder
 from specbench.core.rules import acceptance_rule
 from specbench.core.speculative import accept_speculative
 from specbench.core.tree import DraftTree
-from tests.helpers import chi_square, draw_without_replacement, exact_joint, sampled_outputs
+from tests.helpers import draw_without_replacement, exact_joint, sampled_outputs
 
 VOCAB = 5
 PROMPT = (0, 1)

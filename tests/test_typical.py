@@ -10,13 +10,13 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from specbench.conformance import chi_square
 from specbench.core.acceptance import Sampling, accept_match
 from specbench.core.rules import acceptance_rule
 from specbench.core.tree import DraftTree
 from specbench.core.typical import accept_typical, typical_probs, typical_threshold
 from specbench.errors import ConfigError
 from tests.conftest import ROOT
-from tests.helpers import chi_square
 
 T1 = Sampling(temperature=1.0)
 

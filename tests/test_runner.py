@@ -169,14 +169,21 @@ def test_cli_prints_table_and_user_errors_have_no_traceback(tmp_path):
 @pytest.mark.parametrize("dataset", group_options("dataset"))
 def test_every_dataset_runs_end_to_end(tmp_path, shared_data, dataset):
     """Each dataset through the runner (tiny model, limit=2): one record per turn, categories carried."""
-    out = run(tmp_path, f"dataset={dataset}", "limit=2", "max_new_tokens=4", data_dir=shared_data)
+    own = []
+    if dataset == "jsonl":  # the user's own file: one two-turn conversation and one prompt
+        prompts = tmp_path / "input" / "mine.jsonl"
+        prompts.parent.mkdir()
+        prompts.write_text('{"turns": ["Hi.", "And then?"], "category": "a"}\n{"prompt": "Count.", "category": "b"}\n')
+        own = [f"dataset.path={prompts}"]
+    out = run(tmp_path, f"dataset={dataset}", "limit=2", "max_new_tokens=4", *own, data_dir=shared_data)
     lines = records(out)
     assert len({r["sample_id"] for r in lines}) == 2
     assert len(lines) == sum(r["n_turns"] for r in lines if r["turn"] == 0)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["dataset_info"]["n_selected"] >= 2 and summary["n_samples"] == 2
-    if dataset in ("mt_bench", "spec_bench"):
-        assert [r["turn"] for r in lines] == [0, 1, 0, 1] and lines[0]["category"]
+    if dataset in ("mt_bench", "spec_bench", "jsonl"):
+        turns = [0, 1, 0] if dataset == "jsonl" else [0, 1, 0, 1]  # jsonl: a two-turn record, then a one-turn one
+        assert [r["turn"] for r in lines] == turns and lines[0]["category"]
         assert lines[1]["prompt_tokens"] > lines[0]["prompt_tokens"] + lines[0]["new_tokens"]
 
 

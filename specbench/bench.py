@@ -40,11 +40,11 @@ from specbench.engines import check_method
 from specbench.environment import capture, dtype_name
 from specbench.errors import ConfigError
 from specbench.files import write_atomic
-from specbench.metrics import aggregate
+from specbench.metrics import run_summary
 from specbench.models.loading import LoadedModel, load_model, resolve_device, resolve_dtype
 from specbench.paths import workspace
 from specbench.runner import Runner, validate
-from specbench.schema import PHASES, SAMPLE_FIELDS, SCHEMA_VERSION, SUMMARY_VERSION
+from specbench.schema import PHASES, SAMPLE_FIELDS, SCHEMA_VERSION
 
 RESULTS_DIR = workspace() / "results" / "bench"
 
@@ -329,40 +329,40 @@ def legacy_summary(payload: dict, entry: dict, records: list[dict], round_index:
         else None
     )
     method = entry["method"]
-    return {
-        "schema": SUMMARY_VERSION,
-        "run_id": f"{source}#{bench['entry']}",
-        "status": "complete",
-        "model": payload["model"],
-        "model_path": None,
-        "method": method["name"],
-        "dataset": payload["dataset"],
-        "dataset_info": None,
-        "prompt_format": None,
-        "lossless": bool(method.get("lossless", True)),
-        "hyperparameters": method,
-        "sampling": {
+    return run_summary(
+        records,
+        run_id=f"{source}#{bench['entry']}",
+        status="complete",
+        model=payload["model"],
+        model_path=None,
+        method=method["name"],
+        dataset=payload["dataset"],
+        dataset_info=None,
+        prompt_format=None,
+        lossless=bool(method.get("lossless", True)),
+        hyperparameters=method,
+        sampling={
             "temperature": float(overrides.get("temperature", payload["temperature"])),
             "top_p": float(overrides.get("top_p", 1.0)),
             "seed": int(overrides.get("seed", 0)),
         },
-        "repeat": round_index,
-        "experiment": None,
-        "max_new_tokens": payload["max_new_tokens"],
-        "limit": payload["prompts"],
-        "n_samples": len({r["sample_id"] for r in records}),
-        "warmup": 1,
-        "started_at": when,
-        "updated_at": when,
-        "ended_at": when,
-        "metrics": aggregate(records),
-        "peak_memory": None,
-        "device_map": None,
-        "environment": payload["environment"],
-        "config_digest": None,
-        "bench": bench,
-        "converted_from": source,
-    }
+        repeat=round_index,
+        experiment=None,
+        max_new_tokens=payload["max_new_tokens"],
+        limit=payload["prompts"],
+        warmup=1,
+        started_at=when,
+        updated_at=when,
+        ended_at=when,
+        peak_memory=None,
+        device_map=None,
+        environment=payload["environment"],
+        config_digest=None,
+        bench=bench,
+        target="",  # the old format recorded no target digest nor parts (the report reads both as unknown)
+        artefacts=[],
+        converted_from=source,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from specbench.schema import PHASES
+from specbench.schema import PHASES, SUMMARY_FIELDS, SUMMARY_VERSION
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -59,3 +59,24 @@ def phase_shares(records: list[dict]) -> dict:
     broken = [r for r in records if r.get("draft_s") is not None]
     step_s = sum(sum(r["step_s"]) for r in broken)
     return {f"{phase}_share": _ratio(sum(sum(r[f"{phase}_s"]) for r in broken), step_s) for phase in PHASES}
+
+
+def run_summary(records: list[dict], **fields) -> dict:
+    """summary.json of a run from its records: ``n_samples`` and ``metrics`` computed here, ``schema`` stamped,
+    every other SUMMARY_FIELDS entry given by the writer (extras such as ``model_path`` kept).
+
+    The one builder of run summaries (the runner, the bench's converter of old results, test fixtures), so
+    every writer agrees on the schema; a writer that leaves a field out gets a ValueError naming it.
+    """
+    computed = {
+        "schema": SUMMARY_VERSION,
+        "n_samples": len({record["sample_id"] for record in records}),
+        "metrics": aggregate(records),
+    }
+    missing = [name for name in SUMMARY_FIELDS if name not in computed and name not in fields]
+    if missing:
+        raise ValueError(f"a run summary needs the field(s) {missing} (see specbench.schema.SUMMARY_FIELDS)")
+    clashing = sorted(set(fields) & set(computed))
+    if clashing:
+        raise ValueError(f"{clashing} are computed from the records, not given")
+    return {**computed, **fields}

@@ -19,9 +19,9 @@ from specbench.core.loop import STEP_BREAKDOWN_SETTINGS, Engine, Generation, syn
 from specbench.data.base import Dataset, Sample, build_dataset
 from specbench.engines import build_engine, check_method
 from specbench.errors import ConfigError, RunConflict
-from specbench.metrics import aggregate
+from specbench.metrics import run_summary
 from specbench.models.loading import LoadedModel, load_model, resolve_device, resolve_dtype
-from specbench.schema import PHASES, SCHEMA_VERSION, SUMMARY_VERSION
+from specbench.schema import PHASES, SCHEMA_VERSION
 from specbench.store import RunStore
 
 RUN_ONLY_KEYS = (
@@ -327,36 +327,34 @@ class Runner:
         """summary.json content for the records on disk now (fields in specbench.schema)."""
         cfg = self.cfg
         method = OmegaConf.to_container(cfg.method, resolve=True)
-        return {
-            "schema": SUMMARY_VERSION,
-            "run_id": self.run_id,
-            "status": status,
-            "model": cfg.model.name,
-            "model_path": self.lm.path if self.lm else cfg.model.get("path"),
-            "method": cfg.method.name,
-            "dataset": cfg.dataset.name,
-            "dataset_info": self.dataset_info,
-            "prompt_format": self.dataset.format_used(self.lm.tokenizer) if self.lm else None,
-            "lossless": bool(cfg.method.lossless),
-            "hyperparameters": method,
-            "sampling": {"temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed},
-            "repeat": cfg.repeat,
-            "experiment": cfg.get("experiment"),
-            "max_new_tokens": cfg.max_new_tokens,
-            "limit": cfg.limit,
-            "n_samples": len(self.store.finished_ids),
-            "warmup": cfg.warmup,
-            "started_at": self.started_at,
-            "updated_at": self._now(),
-            "ended_at": None if status == "running" else self._now(),
-            "metrics": aggregate(self.store.records),
-            "peak_memory": self.peak_memory,
-            "device_map": self.lm.device_map if self.lm else None,
-            "environment": self.environment,
-            "config_digest": self.store.digest,
-            "bench": self.bench,
-            "target": target_digest(cfg, self.dtype),
-            "artefacts": sorted(self.engine.artefacts())
+        return run_summary(
+            self.store.records,
+            run_id=self.run_id,
+            status=status,
+            model=cfg.model.name,
+            model_path=self.lm.path if self.lm else cfg.model.get("path"),
+            method=cfg.method.name,
+            dataset=cfg.dataset.name,
+            dataset_info=self.dataset_info,
+            prompt_format=self.dataset.format_used(self.lm.tokenizer) if self.lm else None,
+            lossless=bool(cfg.method.lossless),
+            hyperparameters=method,
+            sampling={"temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed},
+            repeat=cfg.repeat,
+            experiment=cfg.get("experiment"),
+            max_new_tokens=cfg.max_new_tokens,
+            limit=cfg.limit,
+            warmup=cfg.warmup,
+            started_at=self.started_at,
+            updated_at=self._now(),
+            ended_at=None if status == "running" else self._now(),
+            peak_memory=self.peak_memory,
+            device_map=self.lm.device_map if self.lm else None,
+            environment=self.environment,
+            config_digest=self.store.digest,
+            bench=self.bench,
+            target=target_digest(cfg, self.dtype),
+            artefacts=sorted(self.engine.artefacts())
             if self.engine
             else (self.store.previous_summary or {}).get("artefacts"),
-        }
+        )

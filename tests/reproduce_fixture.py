@@ -21,10 +21,10 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from specbench.config import CONF_DIR, compose_config
-from specbench.metrics import aggregate
+from specbench.metrics import run_summary
 from specbench.profile import CSV_FIELDS, MASKS, write_csv
 from specbench.reproduce.plan import experiment_names, load_plan, sweep_jobs
-from specbench.schema import SCHEMA_VERSION, SUMMARY_VERSION
+from specbench.schema import SCHEMA_VERSION
 
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 DEFAULT_SAMPLES = 2  # samples of a run whose limit is null (all) or above MAX_SAMPLES
@@ -199,19 +199,19 @@ def run_records(seed: int, cfg: DictConfig, folder: Path, run_id: str) -> list[d
 
 
 def summary(cfg: DictConfig, folder: Path, run_id: str, records: list[dict], seed: int) -> dict:
-    """The complete run's summary.json (every SUMMARY_FIELDS entry, as Runner.summary writes it)."""
+    """The complete run's summary.json, built like the runner's (specbench.metrics.run_summary)."""
     method = OmegaConf.to_container(cfg.method, resolve=True)
     rng = rng_for(seed, folder, "memory")
     stamp = "2026-01-01T00:00:00+00:00"
-    return {
-        "schema": SUMMARY_VERSION,
-        "run_id": run_id,
-        "status": "complete",
-        "model": cfg.model.name,
-        "model_path": cfg.model.get("path"),
-        "method": cfg.method.name,
-        "dataset": cfg.dataset.name,
-        "dataset_info": {
+    return run_summary(
+        records,
+        run_id=run_id,
+        status="complete",
+        model=cfg.model.name,
+        model_path=cfg.model.get("path"),
+        method=cfg.method.name,
+        dataset=cfg.dataset.name,
+        dataset_info={
             "source": "fixture",
             "variant": None,
             "n_total": 80,
@@ -221,24 +221,26 @@ def summary(cfg: DictConfig, folder: Path, run_id: str, records: list[dict], see
             "sample_seed": None,
             "order": cfg.dataset.get("order"),
         },
-        "prompt_format": "chat",
-        "lossless": bool(cfg.method.lossless),
-        "hyperparameters": method,
-        "sampling": {"temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed},
-        "repeat": cfg.repeat,
-        "experiment": cfg.get("experiment"),
-        "max_new_tokens": cfg.max_new_tokens,
-        "limit": cfg.limit,
-        "n_samples": len({record["sample_id"] for record in records}),
-        "warmup": cfg.warmup,
-        "started_at": stamp,
-        "updated_at": stamp,
-        "ended_at": stamp,
-        "metrics": aggregate(records),
-        "peak_memory": {"kind": "process_peak_rss", "bytes": int(2**30 * rng.uniform(1.0, 1.1))},
-        "environment": ENVIRONMENT,
-        "config_digest": digest_of(method, cfg),
-    }
+        prompt_format="chat",
+        lossless=bool(cfg.method.lossless),
+        hyperparameters=method,
+        sampling={"temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed},
+        repeat=cfg.repeat,
+        experiment=cfg.get("experiment"),
+        max_new_tokens=cfg.max_new_tokens,
+        limit=cfg.limit,
+        warmup=cfg.warmup,
+        started_at=stamp,
+        updated_at=stamp,
+        ended_at=stamp,
+        peak_memory={"kind": "process_peak_rss", "bytes": int(2**30 * rng.uniform(1.0, 1.1))},
+        environment=ENVIRONMENT,
+        config_digest=digest_of(method, cfg),
+        device_map=None,
+        bench=None,
+        target="",
+        artefacts=[],
+    )
 
 
 def digest_of(method: dict, cfg: DictConfig) -> str:

@@ -25,7 +25,8 @@ from specbench.core.acceptance import Sampling
 from specbench.data.base import build_dataset
 from specbench.engines import build_engine
 from specbench.models.loading import load_model, resolve_device, resolve_dtype
-from specbench.report import divergences, load
+from specbench.report.compare import divergences
+from specbench.report.read import load
 from specbench.runner import sample_generator
 from specbench.store import CONFIG
 

@@ -12,7 +12,7 @@ from specbench.config import CONF_DIR
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
 def main(cfg: DictConfig) -> None:
     """Run the configured benchmark and print its results table."""
-    from specbench.report import format_table, table
+    from specbench.report.view import format_table, table
     from specbench.runner import Runner
 
     with user_errors():

@@ -33,7 +33,6 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from specbench import report
 from specbench.cli import adopt_config_dirs, interrupted, user_errors
 from specbench.config import add_user_config_dirs, compose_config, find_config, group_options
 from specbench.engines import check_method
@@ -43,6 +42,7 @@ from specbench.files import write_atomic
 from specbench.metrics import run_summary
 from specbench.models.loading import LoadedModel, load_model, resolve_device, resolve_dtype
 from specbench.paths import workspace
+from specbench.report.view import format_table, table
 from specbench.runner import Runner, validate
 from specbench.schema import PHASES, SAMPLE_FIELDS, SCHEMA_VERSION
 
@@ -256,7 +256,7 @@ def run(args: argparse.Namespace) -> Path:
         f"max_new_tokens={first.max_new_tokens} temperature={first.temperature} rounds={rounds} "
         f"device={environment['device_name']} dtype={dtype_name(dtype)} threads={torch.get_num_threads()}"
     )
-    print(report.format_table(report.table([session], repeats=True, view="steps")))
+    print(format_table(table([session], repeats=True, view="steps")))
     print(f"wrote {session}")
     return session
 

@@ -7,9 +7,10 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from specbench import bench, report
+from specbench import bench
 from specbench.config import conf_dir
 from specbench.errors import ConfigError
+from specbench.report import compare, read, view
 from tests.helpers import exit_code
 
 
@@ -32,7 +33,7 @@ def test_smoke_suite_writes_ordinary_run_folders_and_prints_the_reports_table(tm
     }
     assert summary["status"] == "complete" and summary["sampling"]["seed"] == 2 and summary["n_samples"] == 2
     assert summary["environment"]["torch_threads"] >= 1
-    rows = report.table([sessions[0]], repeats=True, view="steps").set_index("entry")
+    rows = view.table([sessions[0]], repeats=True, view="steps").set_index("entry")
     assert list(rows.index) == ["ar", "hf_generate", "ar seed=1", "ar seed=2"]  # suite order
     assert rows.loc["ar", "speedup"] == 1.0 and rows.loc["ar", "overhead"] == 1.0
     assert (rows["exact_match_rate"] == 1.0).all()  # greedy: seeds change nothing
@@ -60,9 +61,9 @@ def test_rounds_are_repeats_paired_round_by_round(tmp_path, shared_data):
     )
     session = next((tmp_path / "smoke").iterdir())
     assert sorted(p.name for p in (session / "ar").iterdir()) == ["r0", "r1"]
-    runs, samples = report.load([session], repeats=True)
+    runs, samples = read.load([session], repeats=True)
     assert set(runs["n_records"]) == {2} and set(runs["repeat"]) == {"all"}
-    pairs = report.paired_samples(runs, samples)
+    pairs = compare.paired_samples(runs, samples)
     assert pairs.groupby(["run_dir", "repeat"]).size().tolist() == [1] * 2 * len(runs)  # one per run and round
     ar_wall = {record["repeat"]: record["wall_s"] for record in samples[samples["entry"] == "ar"].to_dict("records")}
     assert all(row["ar_wall_s"] == ar_wall[row["repeat"]] for row in pairs.to_dict("records"))  # same round's AR
@@ -101,7 +102,7 @@ def test_old_single_json_results_convert_to_run_folders(tmp_path):
     old.write_text(json.dumps(payload))
     assert bench.main(["--convert", str(old), "--out", str(tmp_path / "out")]) == 0
     session = tmp_path / "out" / "toy" / old.stem
-    rows = report.table([session], repeats=True, view="steps").set_index("entry")
+    rows = view.table([session], repeats=True, view="steps").set_index("entry")
     assert rows.loc["ar seed=1", "speedup"] == pytest.approx(0.5) and rows.loc["ar seed=1", "exact_match_rate"] == 1
     summary = json.loads((session / "ar_seed=1" / "r0" / "summary.json").read_text())
     assert summary["converted_from"] == old.name and summary["started_at"] == "2026-11-21T14:46:53+00:00"

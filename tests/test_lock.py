@@ -13,7 +13,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from specbench import dependencies
-from specbench.report import provenance_warning
+from specbench.report.compare import provenance_warning
 from tests.conftest import ROOT
 
 LOCK = ROOT / "requirements" / "lock-cpu.txt"

@@ -22,7 +22,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from specbench import report
+from specbench.report import __main__ as cli
+from specbench.report import compare, read, view
 
 RUNS = Path(__file__).parent / "fixtures" / "runs"
 REPO = Path(__file__).parent.parent
@@ -42,9 +43,9 @@ def _copy_run(name: str, tmp_path: Path) -> Path:
 
 def test_load_runs_walks_a_parent_folder():
     """A parent folder yields every run below it, with its identity columns."""
-    runs = report.load_runs([RUNS])
+    runs = read.load_runs([RUNS])
     assert sorted(runs["method"]) == ["ar", "fake_method", "fake_method"]
-    assert set(report.RUN_COLUMNS) <= set(runs.columns)
+    assert set(read.RUN_COLUMNS) <= set(runs.columns)
     ar = _row(runs, "ar_humaneval")
     assert (ar["temperature"], ar["top_p"], ar["seed"], ar["max_new_tokens"]) == (0.0, 1.0, 0, 8)
     assert (ar["device_name"], ar["dtype"], ar["n_samples"]) == ("cpu", "float32", 3)
@@ -52,14 +53,14 @@ def test_load_runs_walks_a_parent_folder():
 
 def test_load_runs_accepts_run_dirs_and_counts_each_once():
     """Run dirs are accepted directly; a run named twice is one row."""
-    runs = report.load_runs([RUNS / "ar_humaneval", RUNS])
+    runs = read.load_runs([RUNS / "ar_humaneval", RUNS])
     assert len(runs) == 3
-    assert len(report.load_runs([RUNS / "fake_mtbench"])) == 1
+    assert len(read.load_runs([RUNS / "fake_mtbench"])) == 1
 
 
 def test_load_samples_has_one_row_per_record_with_identity():
     """Every (sample, turn) record is a row carrying its run's identity."""
-    samples = report.load_samples([RUNS])
+    samples = read.load_samples([RUNS])
     assert len(samples) == 3 + 4 + 2
     counts = samples["run_dir"].map(lambda path: Path(path).name).value_counts()
     assert counts.to_dict() == {"fake_humaneval": 4, "ar_humaneval": 3, "fake_mtbench": 2}
@@ -69,7 +70,7 @@ def test_load_samples_has_one_row_per_record_with_identity():
 
 def test_metrics_are_recomputed_from_samples():
     """Metrics come from samples.jsonl (hand-computed), not the stale summary."""
-    runs = report.load_runs([RUNS])
+    runs = read.load_runs([RUNS])
     fake = _row(runs, "fake_humaneval")
     assert fake["n_records"] == 4 and fake["new_tokens"] == 18
     assert fake["throughput_total"] == pytest.approx(18 / 0.7)  # not the stored 999
@@ -91,14 +92,14 @@ def test_metrics_are_recomputed_from_samples():
 
 def test_overhead_is_step_latency_over_ar_step_latency():
     """Medusa's overhead: the run's mean step latency over its AR baseline's (0.09 s / 0.1 s)."""
-    matched = report.match_ar(report.load_runs([RUNS]))
+    matched = compare.match_ar(read.load_runs([RUNS]))
     assert _row(matched, "fake_humaneval")["overhead"] == pytest.approx(0.09 / 0.1)
     assert _row(matched, "ar_humaneval")["overhead"] == pytest.approx(1.0)
 
 
 def test_speedup_is_computed_on_common_samples_only():
     """Speedup ignores the sample the AR run lacks; AR's own speedup is 1."""
-    matched = report.match_ar(report.load_runs([RUNS]))
+    matched = compare.match_ar(read.load_runs([RUNS]))
     fake = _row(matched, "fake_humaneval")
     assert Path(fake["ar_run_dir"]).name == "ar_humaneval"
     assert fake["n_common"] == 3
@@ -112,24 +113,24 @@ def test_speedup_is_computed_on_common_samples_only():
 
 def test_run_without_ar_baseline_gets_nan():
     """A run with no matching AR run gets NaN speedup and exact-match rate."""
-    orphan = _row(report.match_ar(report.load_runs([RUNS])), "fake_mtbench")
+    orphan = _row(compare.match_ar(read.load_runs([RUNS])), "fake_mtbench")
     assert pd.isna(orphan["ar_run_dir"]) and orphan["n_common"] == 0
     assert math.isnan(orphan["speedup"]) and math.isnan(orphan["exact_match_rate"])
 
 
 def test_other_hardware_is_not_a_baseline():
     """An AR run on another device is not a baseline."""
-    runs, samples = report.load([RUNS])
+    runs, samples = read.load([RUNS])
     moved = runs.assign(device_name=runs["device_name"].where(runs["method"] == "ar", "H100"))
-    assert math.isnan(_row(report.match_ar(moved, samples), "fake_humaneval")["speedup"])
+    assert math.isnan(_row(compare.match_ar(moved, samples), "fake_humaneval")["speedup"])
 
 
 def test_exact_match_rate_and_first_divergence():
     """s1 diverges from AR at token 2; s0 and s2 match; s3 is not compared."""
-    runs, samples = report.load([RUNS])
-    fake = _row(report.match_ar(runs, samples), "fake_humaneval")
+    runs, samples = read.load([RUNS])
+    fake = _row(compare.match_ar(runs, samples), "fake_humaneval")
     assert fake["exact_match_rate"] == pytest.approx(2 / 3)
-    compared = report.divergences(runs, samples)
+    compared = compare.divergences(runs, samples)
     assert sorted(compared["sample_id"]) == ["s0", "s1", "s2"]  # s3 has no AR partner
     by_sample = compared.set_index("sample_id")
     assert by_sample.loc["s1", "first_divergence"] == 2 and not by_sample.loc["s1", "exact_match"]
@@ -149,15 +150,15 @@ def test_exact_match_rate_and_first_divergence():
 )
 def test_first_divergence(output, reference, expected):
     """Equal, differing, prefix and empty outputs give the documented index."""
-    assert report.first_divergence(output, reference) == expected
+    assert compare.first_divergence(output, reference) == expected
 
 
 def test_table_columns_and_format():
     """The table has the researcher columns; the text is rounded, in ms, '-' for NaN."""
-    frame = report.table([RUNS])
-    assert list(frame.columns) == report.TABLE_COLUMNS
+    frame = view.table([RUNS])
+    assert list(frame.columns) == view.TABLE_COLUMNS
     assert list(frame["method"]) == ["ar", "fake_method", "fake_method"]
-    text = report.format_table(frame)
+    text = view.format_table(frame)
     fake_line = next(line for line in text.splitlines() if "fake_humaneval" in line)
     assert "25.71" in fake_line and "90.00" in fake_line and "0.67" in fake_line  # ms, rounded
     orphan_line = next(line for line in text.splitlines() if "fake_mtbench" in line)
@@ -167,7 +168,7 @@ def test_table_columns_and_format():
 def test_cli_prints_table_divergences_and_csv(tmp_path, capsys):
     """The CLI prints methods and the divergence of s1 and writes the CSV."""
     out = tmp_path / "report.csv"
-    report.main([str(RUNS), "--divergences", "--csv", str(out)])
+    cli.main([str(RUNS), "--divergences", "--csv", str(out)])
     printed = capsys.readouterr().out
     assert "ar_humaneval" in printed and "fake_method" in printed
     divergence_line = next(line for line in printed.splitlines() if " s1 " in line)
@@ -191,7 +192,7 @@ def test_cli_runs_as_a_module():
 def test_cli_exits_2_on_folder_without_runs(tmp_path, capsys):
     """A folder without runs is a usage error (exit 2) with a message."""
     with pytest.raises(SystemExit) as exit_info:
-        report.main([str(tmp_path)])
+        cli.main([str(tmp_path)])
     assert exit_info.value.code == 2
     assert "no runs found" in capsys.readouterr().err
 
@@ -201,7 +202,7 @@ def test_cli_exits_2_on_run_without_samples(tmp_path, capsys):
     run_dir = _copy_run("ar_humaneval", tmp_path)
     (run_dir / "samples.jsonl").unlink()
     with pytest.raises(SystemExit) as exit_info:
-        report.main([str(run_dir)])
+        cli.main([str(run_dir)])
     assert exit_info.value.code == 2
     assert "no samples.jsonl" in capsys.readouterr().err
 
@@ -212,7 +213,7 @@ def test_truncated_last_line_is_skipped_with_warning(tmp_path):
     with (run_dir / "samples.jsonl").open("a") as samples:
         samples.write('{"schema": "specbench.samples/1", "run_id": "ar_hum')
     with pytest.warns(UserWarning, match="truncated last line"):
-        runs = report.load_runs([run_dir])
+        runs = read.load_runs([run_dir])
     assert runs["n_records"].iloc[0] == 3
     assert runs["throughput_total"].iloc[0] == pytest.approx(10.0)
 
@@ -222,8 +223,8 @@ def test_malformed_line_before_the_end_is_an_error(tmp_path):
     run_dir = _copy_run("ar_humaneval", tmp_path)
     lines = (run_dir / "samples.jsonl").read_text().splitlines()
     (run_dir / "samples.jsonl").write_text("\n".join([lines[0][:40], *lines[1:]]) + "\n")
-    with pytest.raises(report.ReportError, match="samples.jsonl:1"):
-        report.load_runs([run_dir])
+    with pytest.raises(read.ReportError, match="samples.jsonl:1"):
+        read.load_runs([run_dir])
 
 
 def _categorized_copies(tmp_path: Path) -> Path:
@@ -242,12 +243,12 @@ def _categorized_copies(tmp_path: Path) -> Path:
 
 def test_by_category_pairs_each_category_with_its_ar_part(tmp_path, capsys):
     """--by category: one row per run and category, each compared with the AR run's same category."""
-    frame = report.table([_categorized_copies(tmp_path)], by="category")
+    frame = view.table([_categorized_copies(tmp_path)], by="category")
     fake_a, fake_b = _row(frame, "fake_humaneval#a"), _row(frame, "fake_humaneval#b")
     assert (fake_a["dataset"], fake_a["n_samples"], fake_b["n_samples"]) == ("humaneval/a", 2, 2)
     assert (
         Path(
-            report.match_ar(*report.load([tmp_path], by="category"))
+            compare.match_ar(*read.load([tmp_path], by="category"))
             .set_index("run_dir")
             .loc[fake_a["run_dir"], "ar_run_dir"]
         ).name
@@ -257,7 +258,7 @@ def test_by_category_pairs_each_category_with_its_ar_part(tmp_path, capsys):
     assert fake_a["speedup"] == pytest.approx(2.0) and fake_b["speedup"] == pytest.approx(2.0)
     assert (fake_a["exact_match_rate"], fake_b["exact_match_rate"]) == (1.0, 0.0)
     assert fake_a["tokens_per_step"] == pytest.approx((3 + 2) / 2)
-    report.main([str(tmp_path), "--by", "category"])
+    cli.main([str(tmp_path), "--by", "category"])
     assert "fake_humaneval#b" in capsys.readouterr().out
 
 

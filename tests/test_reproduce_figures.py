@@ -16,7 +16,7 @@ import pytest
 from matplotlib.container import BarContainer
 
 from specbench.profile import CSV_FIELDS
-from specbench.report import split_by
+from specbench.report.read import split_by
 from specbench.reproduce.figures import FIGURES, Context, build_figures, coinciding, read_profiles
 from specbench.reproduce.results import Results, measured_runs, read_measured, results_of
 from specbench.reproduce.tables import paper_comparison
@@ -25,7 +25,7 @@ from tests.reproduce_fixture import write_fixture_results
 BUILD = """
 import sys
 from pathlib import Path
-from specbench.report import split_by
+from specbench.report.read import split_by
 from specbench.reproduce.figures import build_figures
 from specbench.reproduce.results import read_measured, results_of
 from specbench.reproduce.tables import paper_comparison

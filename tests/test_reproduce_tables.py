@@ -12,7 +12,7 @@ from dataclasses import replace
 import pandas as pd
 import pytest
 
-from specbench.report import split_by
+from specbench.report.read import split_by
 from specbench.reproduce.build import build
 from specbench.reproduce.plan import load_plan
 from specbench.reproduce.results import read_measured, results_of

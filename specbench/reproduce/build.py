@@ -7,7 +7,8 @@ import os
 from pathlib import Path
 
 from specbench.errors import UserError
-from specbench.report import commit_text, provenance_warning, split_by
+from specbench.report.compare import commit_text, provenance_warning
+from specbench.report.read import split_by
 from specbench.reproduce.figures import build_figures
 from specbench.reproduce.plan import Plan
 from specbench.reproduce.results import Results, read_measured, results_of, stamp

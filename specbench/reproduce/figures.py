@@ -30,7 +30,7 @@ from matplotlib.patches import Rectangle
 from matplotlib.ticker import LogLocator, NullLocator, StrMethodFormatter
 
 from specbench.profile import CSV_FIELDS
-from specbench.report import commit_text, provenance_warning
+from specbench.report.compare import commit_text, provenance_warning
 from specbench.reproduce.results import Results, format_value, knob, stamp
 from specbench.reproduce.tables import Built, paper_values
 

@@ -19,17 +19,8 @@ from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf
 
 from specbench.config import compose_config
-from specbench.report import (
-    Run,
-    find_run_dirs,
-    match_ar,
-    paired_samples,
-    read_run,
-    runs_frame,
-    samples_frame,
-    speedup_statistics,
-    split_by,
-)
+from specbench.report.compare import match_ar, paired_samples, speedup_statistics
+from specbench.report.read import Run, find_run_dirs, read_run, runs_frame, samples_frame, split_by
 from specbench.runner import without_locations
 
 STAMP_FIELDS = ("device_name", "cpu", "torch", "transformers", "dtype")

@@ -26,7 +26,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from specbench.config import find_config
-from specbench.report import commit_text, provenance_warning
+from specbench.report.compare import commit_text, provenance_warning
 from specbench.reproduce.results import Results, format_value, setting_text, stamp
 
 PAPER_COLUMNS = [
@@ -631,7 +631,7 @@ def simple_table(
 STATISTICS_NOTE = (
     "`speedup` = total tokens / total time over the AR run's; `per sample` = mean of per-sample ratios; "
     "`mean rate` = mean rate / mean AR rate (Spec-Bench); `95% CI` = bootstrap interval of `speedup` "
-    "over the paired samples (`specbench.report.speedup_statistics`); `n` = paired samples; `exact` = "
+    "over the paired samples (`specbench.report.compare.speedup_statistics`); `n` = paired samples; `exact` = "
     "share of samples equal to AR's output. The CSV has every column at full precision.\n"
 )
 

@@ -1,0 +1,250 @@
+"""Reading runs: run folders into ``Run`` objects and pandas frames, split by a record field or merged over
+repeats. Every metric is recomputed from the raw ``samples.jsonl`` records with ``specbench.metrics.aggregate``
+(docs/design.md#results-on-disk); nothing is read back from ``summary.json`` but the run's identity."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from specbench.dependencies import dependency_label
+from specbench.errors import UserError
+from specbench.metrics import aggregate
+from specbench.schema import SAMPLE_FIELDS, upgrade_record, validate_record
+
+PathLike = str | Path
+
+RUN_COLUMNS = [
+    "run_dir",
+    "model",
+    "method",
+    "dataset",
+    "temperature",
+    "top_p",
+    "seed",
+    "max_new_tokens",
+    "device_name",
+    "dtype",
+    "repeat",
+    "lossless",
+    "status",
+    "n_samples",
+    "session",
+    "entry",
+    "baseline_entry",
+    "entry_index",
+    "prompt_format",
+    "target",
+    "artefacts",
+    "env.git_commit",
+    "env.git_dirty",
+    "env.dependencies",
+]
+
+
+class ReportError(UserError):
+    """A results path the report cannot read: no runs, no samples.jsonl, or a corrupt record."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run directory as read from disk: its identity columns and its raw sample records."""
+
+    identity: dict
+    records: list[dict]
+
+
+def find_run_dirs(paths: Iterable[PathLike]) -> list[Path]:
+    """Run directories at or under the given paths, each once, so a parent folder lists its runs."""
+    found: dict[Path, Path] = {}
+    for path in map(Path, paths):
+        for run_dir in _runs_under(path):
+            found.setdefault(run_dir.resolve(), run_dir)
+    if not found:
+        raise ReportError("no run directories given")
+    return list(found.values())
+
+
+def _runs_under(path: Path) -> list[Path]:
+    """The run directories (folders holding a summary.json) at or below one path; error if none."""
+    if (path / "summary.json").is_file():
+        return [path]
+    runs = sorted(summary.parent for summary in path.rglob("summary.json"))
+    if not runs:
+        raise ReportError(f"{path}: no runs found (no summary.json at or below it)")
+    return runs
+
+
+def read_records(run_dir: Path) -> list[dict]:
+    """The sample records of a run; a malformed last line (an interrupted write) is skipped."""
+    path = run_dir / "samples.jsonl"
+    if not path.is_file():
+        raise ReportError(f"{run_dir}: no samples.jsonl")
+    lines = enumerate(path.read_text().splitlines(), 1)
+    numbered = [(n, line) for n, line in lines if line.strip()]
+    last = numbered[-1][0] if numbered else 0
+    parsed = (_parse_line(path, n, line, n == last) for n, line in numbered)
+    return [record for record in parsed if record is not None]
+
+
+def _parse_line(path: Path, number: int, line: str, is_last: bool) -> dict | None:
+    """One record; None with a warning for a broken last line, ReportError for one elsewhere."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        if not is_last:
+            raise ReportError(f"{path}:{number}: malformed record ({error})") from error
+        warnings.warn(f"{path}:{number}: skipping truncated last line (interrupted run?)", stacklevel=2)
+        return None
+    try:
+        validate_record(record)
+    except ValueError as error:
+        raise ReportError(f"{path}:{number}: {error}") from error
+    return upgrade_record(record)
+
+
+def _identity(run_dir: Path, summary: dict) -> dict:
+    """The identity columns of a run (what ran, on which data, how, on what hardware, in which bench session)."""
+    try:
+        sampling, environment = summary["sampling"], summary["environment"]
+        bench = summary.get("bench") or {}
+        return {
+            "run_dir": str(run_dir),
+            "model": summary["model"],
+            "method": summary["method"],
+            "dataset": summary["dataset"],
+            "temperature": sampling["temperature"],
+            "top_p": sampling["top_p"],
+            "seed": sampling["seed"],
+            "max_new_tokens": summary["max_new_tokens"],
+            "device_name": environment["device_name"],
+            "dtype": environment["dtype"],
+            "repeat": summary.get("repeat", 0),
+            "lossless": summary["lossless"],
+            "status": summary["status"],
+            "n_samples": summary["n_samples"],
+            "session": bench.get("session", ""),
+            "entry": bench.get("entry", ""),
+            "baseline_entry": bench.get("baseline", ""),
+            "entry_index": bench.get("index", -1),
+            "prompt_format": summary.get("prompt_format") or "",
+            "target": summary.get("target") or "",
+            "artefacts": ";".join(summary.get("artefacts") or []),
+            # provenance: the code and the dependency set that measured the run (``provenance_warning``)
+            "env.git_commit": environment.get("git_commit"),
+            "env.git_dirty": environment.get("git_dirty"),
+            "env.dependencies": dependency_label(environment),
+        }
+    except KeyError as error:
+        raise ReportError(f"{run_dir}/summary.json: missing field {error}") from error
+
+
+def read_run(run_dir: Path) -> Run:
+    """Read one run directory: identity from summary.json, raw records from samples.jsonl."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return Run(_identity(run_dir, summary), read_records(run_dir))
+
+
+def read_runs(paths: Iterable[PathLike]) -> list[Run]:
+    """Read every run directory at or under the given paths."""
+    return [read_run(run_dir) for run_dir in find_run_dirs(paths)]
+
+
+def runs_frame(runs: list[Run]) -> pd.DataFrame:
+    """One row per run: identity columns plus metrics recomputed from its raw records."""
+    frame = pd.DataFrame([{**run.identity, **aggregate(run.records)} for run in runs])
+    metrics = [column for column in frame.columns if column not in RUN_COLUMNS]
+    frame[metrics] = frame[metrics].apply(pd.to_numeric)  # None (no drafts, no steps) -> NaN
+    return frame
+
+
+def samples_frame(runs: list[Run]) -> pd.DataFrame:
+    """One row per record, each carrying the identity columns of its run."""
+    rows = [{**run.identity, **record} for run in runs for record in run.records]
+    return pd.DataFrame(rows, columns=None if rows else [*RUN_COLUMNS, *SAMPLE_FIELDS])
+
+
+def load_runs(paths: Iterable[PathLike]) -> pd.DataFrame:
+    """One row per run directory: identity and metrics recomputed from samples.jsonl."""
+    return runs_frame(read_runs(paths))
+
+
+def load_samples(paths: Iterable[PathLike]) -> pd.DataFrame:
+    """One row per samples.jsonl record, with the run_dir and identity columns of its run."""
+    return samples_frame(read_runs(paths))
+
+
+def split_by(runs: list[Run], field: str) -> list[Run]:
+    """One part per value of a record field (e.g. MT-Bench ``category``), as if each were a run.
+
+    The value is appended to ``run_dir`` (``RUN#value``) and to ``dataset`` (``dataset/value``), so
+    each part pairs with the same part of its AR baseline through the usual match keys.
+    """
+    parts = []
+    for run in runs:
+        for value in sorted({str(record.get(field)) for record in run.records}):
+            records = [record for record in run.records if str(record.get(field)) == value]
+            identity = {
+                **run.identity,
+                "run_dir": f"{run.identity['run_dir']}#{value}",
+                "dataset": f"{run.identity['dataset']}/{value}",
+                "n_samples": len({record["sample_id"] for record in records}),
+            }
+            parts.append(Run(identity, records))
+    return parts
+
+
+REPEAT_FREE = ("run_dir", "repeat", "status", "n_samples")
+"""Identity columns in which the repeats of one setting may differ."""
+
+
+def merge_repeats(runs: list[Run]) -> list[Run]:
+    """One run per setting: the repeats of a setting (runs equal but for REPEAT_FREE) read as one.
+
+    Each record keeps its repeat (so it pairs with the same repeat of its baseline); the merged run's
+    ``repeat`` is ``"all"``, its ``run_dir`` names the repeats' folders (``_folder_set``), ``n_samples`` the
+    distinct samples, ``status`` complete only if every repeat is.
+    """
+    groups: dict[tuple, list[Run]] = {}
+    for run in runs:
+        key = tuple(sorted((k, str(v)) for k, v in run.identity.items() if k not in REPEAT_FREE))
+        groups.setdefault(key, []).append(run)
+    merged = []
+    for group in groups.values():
+        records = [{**record, "repeat": run.identity["repeat"]} for run in group for record in run.records]
+        statuses = {run.identity["status"] for run in group}
+        folders = [run.identity["run_dir"] for run in group]
+        identity = {
+            **group[0].identity,
+            "repeat": "all",
+            "run_dir": _folder_set(folders),
+            "n_samples": len({record["sample_id"] for record in records}),
+            "status": "complete" if statuses == {"complete"} else sorted(statuses - {"complete"})[0],
+        }
+        merged.append(Run(identity, records))
+    return merged
+
+
+def _folder_set(folders: list[str]) -> str:
+    """One name for several run folders: ``parent/{a,b}`` (shell brace style), or the folder if just one."""
+    if len(folders) == 1:
+        return folders[0]
+    parent = os.path.commonpath(folders)
+    return f"{parent}/{{{','.join(sorted(os.path.relpath(folder, parent) for folder in folders))}}}"
+
+
+def load(paths: Iterable[PathLike], by: str | None = None, repeats: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Both frames (runs, samples) from one read of the run directories: split ``by`` a record field,
+    and with ``repeats`` the repeats of each setting merged into one run."""
+    runs = read_runs(paths)
+    if repeats:
+        runs = merge_repeats(runs)
+    if by is not None:
+        runs = split_by(runs, by)
+    return runs_frame(runs), samples_frame(runs)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specbench import bench, cli, report
+from specbench import bench, cli
 from specbench.config import compose_config
 from specbench.corpus import main as corpus_main
 from specbench.data.__main__ import main as data_main
@@ -22,6 +22,8 @@ from specbench.data.base import read_jsonl
 from specbench.errors import ConfigError, DataError, ModelUnavailable, RunConflict, StorageError
 from specbench.files import FolderLock
 from specbench.manifest import MANIFEST, finished_manifest, write_manifest
+from specbench.report import __main__ as report_cli
+from specbench.report import compare, read, view
 from specbench.reproduce.__main__ import main as reproduce_main
 from specbench.runner import Runner
 from specbench.train.__main__ import main as train_main
@@ -101,7 +103,7 @@ def test_the_cli_prints_one_line_exits_2_and_writes_nothing(tmp_path):
         (train_main, ["draft", "train.steps=0"], "train.steps must be >= 1"),
         (data_main, ["show", "imaginary"], "unknown dataset 'imaginary'"),
         (corpus_main, ["show", "corpus.nope=1"], "unknown setting 'corpus.nope'"),
-        (report.main, ["/nonexistent/runs"], "no runs found"),
+        (report_cli.main, ["/nonexistent/runs"], "no runs found"),
     ],
 )
 def test_every_command_line_app_has_the_same_error_path(main, argv, says, capsys):
@@ -307,10 +309,10 @@ def test_runs_of_different_prompt_formats_never_pair(tmp_path, shared_data):
     Runner(compose_config(*common, "method=ar", f"output_dir={tmp_path / 'ar'}")).run()
     Runner(compose_config(*common, "method=pld", "dataset.prompt_format=raw", f"output_dir={tmp_path / 'pld'}")).run()
     Runner(compose_config(*common, "method=pld", f"output_dir={tmp_path / 'pld_chat'}")).run()
-    table = report.table([tmp_path]).set_index("method")
+    table = view.table([tmp_path]).set_index("method")
     assert table.loc["ar", "speedup"] == 1.0
     raw = table[table["n_samples"].notna()].loc["pld"]
-    rows = report.match_ar(*report.load([tmp_path])).set_index("run_dir")
+    rows = compare.match_ar(*read.load([tmp_path])).set_index("run_dir")
     assert pd_isna(rows.loc[str(tmp_path / "pld"), "ar_run_dir"])  # no AR run answered raw prompts
     assert rows.loc[str(tmp_path / "pld_chat"), "ar_run_dir"] == str(tmp_path / "ar")
     assert len(raw) == 2
@@ -333,7 +335,7 @@ def test_samples_with_other_prompt_tokens_are_left_out(tmp_path):
     changed = [json.dumps({**json.loads(lines[0]), "prompt_sha": "0" * 16}), *lines[1:]]
     (tmp_path / "copy" / "samples.jsonl").write_text("\n".join(changed) + "\n")
     with pytest.warns(UserWarning, match="1 sample\\(s\\) answered other prompt tokens"):
-        rows = report.match_ar(*report.load([tmp_path])).set_index("method")
+        rows = compare.match_ar(*read.load([tmp_path])).set_index("method")
     assert rows.loc["pld", "n_common"] == 1
 
 

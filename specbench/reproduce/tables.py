@@ -6,7 +6,7 @@ defaults (``setting``) and the temperature; the measured value comes from the ru
 them (at a stand-in scale the plan's stand-in model replaces every paper model, so one measurement
 stands in for several paper rows: it is shown once, beside the paper's values of the rows it stands
 in for). Repeats give mean and std; speedups come from pairing each run with its AR run
-(``report.match_ar``) and carry the report's bootstrap interval. Numbers of different hardware and
+(``report.compare.match_ar``) and carry the report's bootstrap interval. Numbers of different hardware and
 models are never subtracted: a table ranks the methods of one dataset and metric on each side (paper
 rank beside measured rank), puts tokens per step side by side, and shows a published sweep relative to
 its default setting. Each table names the commits that measured its runs and warns on a mix.

@@ -17,7 +17,9 @@ from matplotlib.container import BarContainer
 
 from specbench.profile import CSV_FIELDS
 from specbench.report.read import split_by
-from specbench.reproduce.figures import FIGURES, Context, build_figures, coinciding, read_profiles
+from specbench.reproduce.figures import build_figures, read_profiles
+from specbench.reproduce.figures.drawing import Context, coinciding
+from specbench.reproduce.figures.papers import FIGURES
 from specbench.reproduce.results import Results, measured_runs, read_measured, results_of
 from specbench.reproduce.tables import paper_comparison
 from tests.reproduce_fixture import write_fixture_results

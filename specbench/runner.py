@@ -132,6 +132,23 @@ def check_fits(sample: Sample, prompt_ids: list[int], max_new_tokens: int, conte
         )
 
 
+def config_fields(cfg: DictConfig) -> dict:
+    """The summary fields a run's config alone decides (what ran, with which settings), for ``run_summary``."""
+    return {
+        "model": cfg.model.name,
+        "method": cfg.method.name,
+        "dataset": cfg.dataset.name,
+        "lossless": bool(cfg.method.lossless),
+        "hyperparameters": OmegaConf.to_container(cfg.method, resolve=True),
+        "sampling": {"temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed},
+        "repeat": cfg.repeat,
+        "experiment": cfg.get("experiment"),
+        "max_new_tokens": cfg.max_new_tokens,
+        "limit": cfg.limit,
+        "warmup": cfg.warmup,
+    }
+
+
 class Runner:
     """Runs one configured benchmark into its output directory, resuming where it stopped.
 
@@ -326,25 +343,14 @@ class Runner:
     def summary(self, status: str) -> dict:
         """summary.json content for the records on disk now (fields in specbench.schema)."""
         cfg = self.cfg
-        method = OmegaConf.to_container(cfg.method, resolve=True)
         return run_summary(
             self.store.records,
+            **config_fields(cfg),
             run_id=self.run_id,
             status=status,
-            model=cfg.model.name,
             model_path=self.lm.path if self.lm else cfg.model.get("path"),
-            method=cfg.method.name,
-            dataset=cfg.dataset.name,
             dataset_info=self.dataset_info,
             prompt_format=self.dataset.format_used(self.lm.tokenizer) if self.lm else None,
-            lossless=bool(cfg.method.lossless),
-            hyperparameters=method,
-            sampling={"temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed},
-            repeat=cfg.repeat,
-            experiment=cfg.get("experiment"),
-            max_new_tokens=cfg.max_new_tokens,
-            limit=cfg.limit,
-            warmup=cfg.warmup,
             started_at=self.started_at,
             updated_at=self._now(),
             ended_at=None if status == "running" else self._now(),

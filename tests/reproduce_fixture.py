@@ -24,6 +24,7 @@ from specbench.config import CONF_DIR, compose_config
 from specbench.metrics import run_summary
 from specbench.profile import CSV_FIELDS, MASKS, write_csv
 from specbench.reproduce.plan import experiment_names, load_plan, sweep_jobs
+from specbench.runner import config_fields
 from specbench.schema import SCHEMA_VERSION
 
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
@@ -205,12 +206,10 @@ def summary(cfg: DictConfig, folder: Path, run_id: str, records: list[dict], see
     stamp = "2026-01-01T00:00:00+00:00"
     return run_summary(
         records,
+        **config_fields(cfg),
         run_id=run_id,
         status="complete",
-        model=cfg.model.name,
         model_path=cfg.model.get("path"),
-        method=cfg.method.name,
-        dataset=cfg.dataset.name,
         dataset_info={
             "source": "fixture",
             "variant": None,
@@ -222,14 +221,6 @@ def summary(cfg: DictConfig, folder: Path, run_id: str, records: list[dict], see
             "order": cfg.dataset.get("order"),
         },
         prompt_format="chat",
-        lossless=bool(cfg.method.lossless),
-        hyperparameters=method,
-        sampling={"temperature": cfg.temperature, "top_p": cfg.top_p, "seed": cfg.seed},
-        repeat=cfg.repeat,
-        experiment=cfg.get("experiment"),
-        max_new_tokens=cfg.max_new_tokens,
-        limit=cfg.limit,
-        warmup=cfg.warmup,
         started_at=stamp,
         updated_at=stamp,
         ended_at=stamp,

@@ -31,7 +31,9 @@ $(VENV)/.installed-$(INSTALL_MODE): pyproject.toml $(LOCK_FILES) requirements/to
 install: $(VENV)/.installed-$(INSTALL_MODE)  ## create the virtual env (if none), install specbench (from the lock) + the embedded model
 
 # Refresh the lock after a change of pyproject.toml's dependencies; pins that still fit are kept.
-lock: install  ## re-resolve requirements/lock-cpu.txt and embedded.txt (keeps the pins that still fit)
+# It needs only uv from an installed venv, not a venv matching pyproject (a new dependency is not installed yet).
+lock:  ## re-resolve requirements/lock-cpu.txt and embedded.txt (keeps the pins that still fit)
+	@$(PY) -m uv --version >/dev/null 2>&1 || $(MAKE) install
 	$(UV_COMPILE) pyproject.toml --extra dev --constraint requirements/torch-cpu.txt --no-emit-package torch \
 		--find-links $(TORCH_CPU_WHEELS) $(LOCK_UPGRADE) -o requirements/lock-cpu.txt
 	$(UV_COMPILE) requirements/embedded.in --no-deps $(LOCK_UPGRADE) -o requirements/embedded.txt

@@ -18,7 +18,7 @@ SHARED ?= $(abspath ../shared)
 export SPECBENCH_DATA_DIR ?= $(SHARED)/datasets
 export SPECBENCH_CORPUS_DIR ?= $(SHARED)/corpus/sotu_1946_2026
 
-.PHONY: install lock lock-upgrade check-latest demo test test-fast lint bench-ar bench-model-free bench-draft bench-medusa bench-eagle bench-all train-draft train-medusa \
+.PHONY: install lock lock-upgrade check-latest demo test test-fast lint bench-ar bench-model-free bench-draft bench-medusa bench-eagle bench-quality bench-figures bench-all train-draft train-medusa \
 	train-eagle profile report \
 	reproduce-tables reproduce-run reproduce-build parity parity-lade parity-venv-lade clean
 
@@ -74,6 +74,17 @@ bench-medusa: install train-medusa  ## AR vs Medusa (trained heads), then tree-s
 
 bench-eagle: install train-draft train-medusa train-eagle  ## AR, Medusa, OPT-Tree, EAGLE, EAGLE-2, OPT-Tree over EAGLE at 25 nodes
 	$(PY) -m specbench.bench eagle
+
+bench-quality: install train-medusa train-eagle  ## at T=0.7: AR, lossy and lossless Medusa, EAGLE-2; pass@1 and ROUGE beside AR
+	$(PY) -m specbench.bench quality
+	$(PY) -m specbench.report $$(ls -d results/bench/quality/*/ | tail -1) --quality
+	$(PY) -m specbench.bench quality_summaries
+	$(PY) -m specbench.report $$(ls -d results/bench/quality_summaries/*/ | tail -1) --quality
+
+bench-figures:  ## acceptance.png (acceptance by draft depth) in every stored bench session that drafted
+	for session in results/bench/*/*/; do \
+		$(PY) -m specbench.report $$session --merge-repeats --view acceptance --plot $$session/acceptance.png >/dev/null; \
+	done
 
 train-draft: install  ## distill the embedded model's draft once (cached in $SPECBENCH_CACHE)
 	$(PY) -m specbench.train draft model=smollm2_135m

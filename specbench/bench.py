@@ -42,6 +42,7 @@ from specbench.files import write_atomic
 from specbench.metrics import run_summary
 from specbench.models.loading import LoadedModel, load_model, resolve_device, resolve_dtype
 from specbench.paths import workspace
+from specbench.report.plot import save_acceptance_figure
 from specbench.report.view import format_table, table
 from specbench.runner import Runner, validate
 from specbench.schema import PHASES, SAMPLE_FIELDS, SCHEMA_VERSION
@@ -257,6 +258,9 @@ def run(args: argparse.Namespace) -> Path:
         f"device={environment['device_name']} dtype={dtype_name(dtype)} threads={torch.get_num_threads()}"
     )
     print(format_table(table([session], repeats=True, view="steps")))
+    acceptance = table([session], repeats=True, view="acceptance")
+    if not acceptance.empty:
+        save_acceptance_figure(acceptance, session / "acceptance.png", f"{args.suite}: acceptance by draft depth")
     print(f"wrote {session}")
     return session
 

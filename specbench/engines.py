@@ -82,15 +82,7 @@ class HFGenerate:
             hook.remove()
         output = out[0, len(prompt_ids) :].tolist()
         stop = "eos" if output and output[-1] in (config.eos_token_id or []) else "max_new_tokens"
-        return Generation(
-            output,
-            forward_ends[0] - start,
-            len(forward_ends) - 1,
-            stop,
-            accept_lengths=None,
-            draft_tokens=None,
-            step_s=None,
-        )
+        return Generation(output, forward_ends[0] - start, len(forward_ends) - 1, stop)
 
 
 def hf_assistant(assistant_cfg: DictConfig, lm: LoadedModel) -> tuple[dict[str, Any], str]:

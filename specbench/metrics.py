@@ -14,7 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
+
 from specbench.schema import PHASES, SUMMARY_FIELDS, SUMMARY_VERSION
+
+PERCENTILES = (50, 90, 99)
+"""The latency percentiles every run reports (``<quantity>_p<q>_s``)."""
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -51,6 +56,9 @@ def aggregate(records: Iterable[dict]) -> dict:
         "outside_forward_share": _ratio(outside_s, timed_step_s),
         "outside_forward_s": _ratio(outside_s, sum(r["target_forwards"] for r in timed)),
         **phase_shares(records),
+        "side_branch_share": side_branch_share(records),
+        **latency_percentiles(records),
+        **energy_per_token(records),
     }
 
 
@@ -59,6 +67,96 @@ def phase_shares(records: list[dict]) -> dict:
     broken = [r for r in records if r.get("draft_s") is not None]
     step_s = sum(sum(r["step_s"]) for r in broken)
     return {f"{phase}_share": _ratio(sum(sum(r[f"{phase}_s"]) for r in broken), step_s) for phase in PHASES}
+
+
+def percentiles(values: list[float], name: str) -> dict:
+    """``<name>_p50_s`` ... of ``values`` (linear interpolation between order statistics; None when empty)."""
+    points = np.percentile(values, PERCENTILES).tolist() if values else [None] * len(PERCENTILES)
+    return {f"{name}_p{q}_s": point for q, point in zip(PERCENTILES, points, strict=True)}
+
+
+def latency_percentiles(records: list[dict]) -> dict:
+    """TTFT (the prefill, per record), time per output token (per record) and step latency (per step)."""
+    decoding = [r for r in records if r["new_tokens"] > 1]
+    return {
+        **percentiles([r["prefill_s"] for r in records], "ttft"),
+        "tpot_s": _ratio(
+            sum(r["wall_s"] - r["prefill_s"] for r in decoding), sum(r["new_tokens"] - 1 for r in decoding)
+        ),
+        **percentiles([(r["wall_s"] - r["prefill_s"]) / (r["new_tokens"] - 1) for r in decoding], "tpot"),
+        **percentiles([s for r in records for s in r.get("step_s") or []], "step"),
+    }
+
+
+def energy_per_token(records: list[dict]) -> dict:
+    """Joules of the generations that read an energy counter, per token they generated (None: no counter)."""
+    metered = [r for r in records if r.get("energy_j") is not None]
+    energy = sum(r["energy_j"] for r in metered)
+    return {
+        "energy_j": energy if metered else None,
+        "joules_per_token": _ratio(energy, sum(r["new_tokens"] for r in metered)) if metered else None,
+    }
+
+
+def step_traces(records: Iterable[dict]) -> list[tuple[int, int, int | None, bool | None]]:
+    """Every step of the records as (accepted drafted tokens, drafted nodes, tree depth, side branch).
+
+    Depth and side branch are None for records written before they were traced (``specbench.samples/3``).
+    """
+    steps: list[tuple[int, int, int | None, bool | None]] = []
+    for record in records:
+        lengths = record.get("accept_lengths")
+        if not lengths:  # no steps, or not traced (hf_generate, results converted from the old bench format)
+            continue
+        depths = record.get("draft_depth") or [None] * len(lengths)
+        sides = record.get("side_branch") or [None] * len(lengths)
+        steps += zip([n - 1 for n in lengths], record["draft_tokens"], depths, sides, strict=True)
+    return steps
+
+
+def acceptance_by_depth(records: Iterable[dict]) -> list[dict]:
+    """Per draft depth d (0 = nothing accepted): steps whose tree reached d, the share of them that accepted
+    exactly d drafted tokens, the joint rate P(accepted >= d | reached d) and the conditional rate
+    P(accepted >= d | accepted >= d-1, reached d). A step of unknown depth counts as reaching every depth
+    if it drafted anything (exact for fixed-depth drafts). Empty for runs without drafts.
+    """
+    steps = [(accepted, reach(drafted, depth)) for accepted, drafted, depth, _ in step_traces(records)]
+    if not any(depth for _, depth in steps):
+        return []
+    deepest = int(max([accepted for accepted, _ in steps] + [depth for _, depth in steps if depth != np.inf]))
+    rows = []
+    for d in range(deepest + 1):
+        reached = [accepted for accepted, depth in steps if depth >= d]
+        survived = sum(accepted >= d for accepted in reached)
+        before = sum(accepted >= d - 1 for accepted in reached)
+        rows.append(
+            {
+                "depth": d,
+                "steps": len(reached),
+                "exactly": _ratio(sum(accepted == d for accepted in reached), len(reached)),
+                "joint": _ratio(survived, len(reached)) if d else None,
+                "conditional": _ratio(survived, before) if d else None,
+            }
+        )
+    return rows
+
+
+def reach(drafted: int, depth: int | None) -> float:
+    """How deep a step's tree reached: its depth, or for an untraced step everywhere if it drafted at all."""
+    if depth is not None:
+        return depth
+    return np.inf if drafted else 0
+
+
+def side_branch_share(records: Iterable[dict]) -> float | None:
+    """Of the steps whose tree branched (more nodes than depth) and that accepted a drafted token, the share
+    whose accepted path used a child other than its parent's first-listed (top-ranked) one."""
+    branched = [
+        side
+        for accepted, drafted, depth, side in step_traces(records)
+        if depth is not None and drafted > depth and accepted > 0
+    ]
+    return _ratio(sum(bool(side) for side in branched), len(branched)) if branched else None
 
 
 def run_summary(records: list[dict], **fields) -> dict:

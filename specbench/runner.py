@@ -17,6 +17,7 @@ from specbench import environment
 from specbench.core.acceptance import Sampling, sampling_problems
 from specbench.core.loop import STEP_BREAKDOWN_SETTINGS, Engine, Generation, synchronize
 from specbench.data.base import Dataset, Sample, build_dataset
+from specbench.energy import joules_between, open_meter
 from specbench.engines import build_engine, check_method
 from specbench.errors import ConfigError, RunConflict
 from specbench.metrics import run_summary
@@ -171,6 +172,7 @@ class Runner:
         self.dataset: Dataset = build_dataset(cfg.dataset, cfg.data_dir)
         self.samples = self.dataset.samples(cfg.limit)
         self.dataset_info = self.dataset.describe()
+        self.energy = open_meter(self.device)
         self.environment = environment.capture(self.device, self.dtype)
         self.bench = bench
         self.lm = lm
@@ -295,25 +297,39 @@ class Runner:
         records = []
         for turn in range(len(sample.turns)):
             prompt_ids = self._prompt(sample, answers)
-            gen, wall = self._timed_generate(prompt_ids, generator)
+            gen, wall, energy = self._timed_generate(prompt_ids, generator)
             text = self.lm.tokenizer.decode(gen.output_ids, skip_special_tokens=True)
             assert isinstance(text, str)  # one sequence of ids decodes to one string
             answers.append(text)
-            records.append(self._record(sample, turn, prompt_ids, gen, wall, text))
+            records.append(self._record(sample, turn, prompt_ids, gen, text, wall=wall, energy=energy))
         return records
 
-    def _timed_generate(self, prompt_ids: list[int], generator: torch.Generator) -> tuple[Generation, float]:
-        """One generation timed end to end with device synchronization on both sides."""
+    def _timed_generate(
+        self, prompt_ids: list[int], generator: torch.Generator
+    ) -> tuple[Generation, float, float | None]:
+        """One generation timed end to end with device synchronization on both sides; its wall time and the
+        joules the energy counter read over it (None without a counter)."""
         assert self.engine is not None  # built by start_engine
         with torch.inference_mode():
             synchronize(self.device)
+            joules_before = self.energy.read()
             start = time.perf_counter()
             gen = self.engine.generate(prompt_ids, self.cfg.max_new_tokens, generator)
             synchronize(self.device)
-        return gen, time.perf_counter() - start
+            wall = time.perf_counter() - start
+            joules_after = self.energy.read()
+        return gen, wall, joules_between(joules_before, joules_after, self.energy)
 
     def _record(
-        self, sample: Sample, turn: int, prompt_ids: list[int], gen: Generation, wall: float, text: str
+        self,
+        sample: Sample,
+        turn: int,
+        prompt_ids: list[int],
+        gen: Generation,
+        text: str,
+        *,
+        wall: float,
+        energy: float | None,
     ) -> dict:
         """One samples.jsonl line (fields documented in specbench.schema)."""
         assert self.engine is not None  # built by start_engine
@@ -335,7 +351,10 @@ class Runner:
             "target_forwards": gen.target_forwards,
             "accept_lengths": gen.accept_lengths,
             "draft_tokens": gen.draft_tokens,
+            "draft_depth": gen.draft_depth,
+            "side_branch": gen.side_branch,
             **{f"{key}_s": rounded(getattr(gen, f"{key}_s")) for key in ("step", *PHASES)},
+            "energy_j": energy,
             "stop_reason": gen.stop_reason,
             "drafter_stats": self.engine.stats(),
         }
@@ -356,7 +375,7 @@ class Runner:
             ended_at=None if status == "running" else self._now(),
             peak_memory=self.peak_memory,
             device_map=self.lm.device_map if self.lm else None,
-            environment=self.environment,
+            environment={**self.environment, "energy": self.energy.describe()},
             config_digest=self.store.digest,
             bench=self.bench,
             target=target_digest(cfg, self.dtype),

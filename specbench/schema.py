@@ -7,14 +7,14 @@ A run directory holds:
 - ``config.yaml``: the Hydra-resolved config of the run, its config digest on the first line.
 
 Bump ``SCHEMA_VERSION`` whenever a field changes meaning; readers check it. Readers still read
-``specbench.samples/1`` records (before the step breakdown) and ``/2`` (before ``prompt_sha``):
-``upgrade_record`` fills the fields added since with null (not measured; a null prompt digest pairs
-as before, on sample id and turn alone).
+``specbench.samples/1`` records (before the step breakdown), ``/2`` (before ``prompt_sha``) and ``/3``
+(before the tree depth, side branch and energy traces): ``upgrade_record`` fills the fields added since
+with null (not measured; a null prompt digest pairs as before, on sample id and turn alone).
 """
 
 from __future__ import annotations
 
-SCHEMA_VERSION = "specbench.samples/3"
+SCHEMA_VERSION = "specbench.samples/4"
 SUMMARY_VERSION = "specbench.summary/1"
 
 PHASES = ("draft", "verify", "accept", "update")
@@ -39,6 +39,10 @@ SAMPLE_FIELDS: dict[str, str] = {
     "target_forwards": "target forwards after the prefill (= decoding steps)",
     "accept_lengths": "tokens emitted per step, bonus/correction included (null for hf_generate)",
     "draft_tokens": "drafted nodes verified per step, root excluded (null for hf_generate)",
+    "draft_depth": "depth of the verified draft tree per step, after pruning to the budget; 0 when nothing was "
+    "drafted (null for hf_generate)",
+    "side_branch": "per step, whether the accepted path used a child other than its parent's first-listed "
+    "(top-ranked) one (null for hf_generate)",
     "step_s": "wall time per step, device synchronized at its end (null for hf_generate)",
     "draft_s": "step breakdown (null unless step_breakdown is on; auto = on for CPU): time per step in "
     "drafter.propose and in laying the tree out for the forward (tokens, positions, mask)",
@@ -48,6 +52,8 @@ SAMPLE_FIELDS: dict[str, str] = {
     "accept_s": "step breakdown: time per step in the acceptance rule and the KV-cache compaction",
     "update_s": "step breakdown: time per step in drafter.observe (pools, tries, draft caches) and in "
     "freeing the step's trees and logits",
+    "energy_j": "joules the energy counter read over the generation (NVML on GPU, RAPL on CPU), null where "
+    "none is readable (the summary's environment.energy says why)",
     "stop_reason": "'eos' or 'max_new_tokens'",
     "drafter_stats": "the drafter's stats() after this turn (pool sizes, hit rates, ...)",
 }
@@ -92,9 +98,12 @@ SUMMARY_FIELDS: dict[str, str] = {
 }
 
 
+TRACED_FIELDS = ("draft_depth", "side_branch", "energy_j")
+"""The fields ``specbench.samples/4`` added."""
 ADDED_FIELDS: dict[str, tuple[str, ...]] = {
-    "specbench.samples/1": ("draft_s", "accept_s", "update_s", "prompt_sha"),
-    "specbench.samples/2": ("prompt_sha",),
+    "specbench.samples/1": ("draft_s", "accept_s", "update_s", "prompt_sha", *TRACED_FIELDS),
+    "specbench.samples/2": ("prompt_sha", *TRACED_FIELDS),
+    "specbench.samples/3": TRACED_FIELDS,
 }
 """Per readable older schema: the SAMPLE_FIELDS its records lack (null when read)."""
 

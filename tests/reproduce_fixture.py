@@ -168,9 +168,12 @@ def turn_record(
         "target_forwards": len(lengths),
         "accept_lengths": lengths,
         "draft_tokens": drafted,
+        "draft_depth": [max(a - 1, min(d, 4)) if d else 0 for a, d in zip(lengths, drafted)],
+        "side_branch": [False] * len(lengths),
         "step_s": step_s,
         "verify_s": verify_s,
         **phases,
+        "energy_j": None,
         "stop_reason": "max_new_tokens" if len(output) == cfg.max_new_tokens else "eos",
         "drafter_stats": stats,
     }

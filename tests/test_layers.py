@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-LAYERS = [  # lowest first, as docs/design.md#layering draws them; a module belongs to the first layer it matches
+LAYERS = [  # lowest first, as docs/design.md#layering draws them; a module belongs to the layer of its longest prefix
     (
         "foundation",
         (
@@ -19,6 +19,7 @@ LAYERS = [  # lowest first, as docs/design.md#layering draws them; a module belo
             "specbench.cli",
             "specbench.manifest",
             "specbench.environment",
+            "specbench.energy",
             "specbench.dependencies",
             "specbench.hub",
             "specbench.files",
@@ -30,7 +31,7 @@ LAYERS = [  # lowest first, as docs/design.md#layering draws them; a module belo
     ("parts", ("specbench.structures", "specbench.models", "specbench.data")),
     ("part builders", ("specbench.train", "specbench.corpus")),
     ("drafters", ("specbench.drafters",)),
-    ("engines and metrics", ("specbench.engines", "specbench.metrics")),
+    ("engines and metrics", ("specbench.engines", "specbench.metrics", "specbench.quality")),
     ("runner", ("specbench.runner",)),
     (
         "apps",
@@ -41,6 +42,7 @@ LAYERS = [  # lowest first, as docs/design.md#layering draws them; a module belo
             "specbench.profile",
             "specbench.parity",
             "specbench.conformance",
+            "specbench.quality.teacher",
             "specbench.__main__",
         ),
     ),
@@ -51,9 +53,11 @@ REPORT_IMPORTS = {
     "specbench.errors",
     "specbench.cli",
     "specbench.dependencies",
+    "specbench.quality",
 }
 """What ``specbench/report/`` may import from the rest of the package (docs/design.md#layering): no model, no
-runner, so notebooks and the reproduction build read results without loading torch models."""
+runner, so notebooks and the reproduction build read results without loading torch models (``specbench.quality``
+rebuilds datasets for their references and runs generated code in a child process; it loads no model)."""
 SHARED_DRAFTER_PARTS = {
     "specbench.drafters.draft_model",
     "specbench.drafters.ngram_chain",
@@ -70,13 +74,18 @@ def module_name(path: Path) -> str:
 
 
 def layer(module: str) -> int:
-    """Index of the module's layer in LAYERS (the package itself sits at the bottom)."""
+    """Index of the module's layer in LAYERS: the layer of its longest matching prefix (the package: bottom)."""
     if module == "specbench":
         return 0
-    for index, (_, prefixes) in enumerate(LAYERS):
-        if any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes):
-            return index
-    raise AssertionError(f"{module} belongs to no layer: add it to LAYERS in tests/test_layers.py")
+    matches = [
+        (len(prefix), index)
+        for index, (_, prefixes) in enumerate(LAYERS)
+        for prefix in prefixes
+        if module == prefix or module.startswith(prefix + ".")
+    ]
+    if not matches:
+        raise AssertionError(f"{module} belongs to no layer: add it to LAYERS in tests/test_layers.py")
+    return max(matches)[1]
 
 
 def imports(path: Path) -> set[str]:

@@ -75,6 +75,34 @@ def test_random_trees_are_lossless(tiny, seed):
     assert sum(gen.accept_lengths) == 47 and gen.target_forwards < 47  # drafts were accepted
 
 
+class SecondBranchDrafter(Drafter):
+    """A wrong token as the root's first child, then the true two-token continuation as its second branch."""
+
+    def __init__(self, truth: list[int], vocab: int):
+        super().__init__()
+        self.truth, self.vocab = truth, vocab
+
+    def propose(self, ctx):
+        done = len(ctx.tokens) - ctx.prompt_len
+        right = self.truth[done : done + 2]
+        return DraftTree.from_paths(ctx.root, [[(right[0] + 1) % self.vocab], right])
+
+
+def test_the_loop_traces_tree_depth_and_side_branches(tiny):
+    prompt = [3, 1, 4, 1, 5]
+    truth = ar_greedy(tiny, prompt, 13).output_ids
+    with torch.inference_mode():
+        gen = Decoder(tiny, SecondBranchDrafter(truth, tiny.config.vocab_size), frozenset(), Sampling()).generate(
+            prompt, 13
+        )
+    assert gen.output_ids == truth
+    assert gen.accept_lengths == [3, 3, 3, 3]  # 1 + 12 tokens: every step takes the two-token second branch
+    assert gen.draft_tokens == [3, 3, 3, 3] and gen.draft_depth == [2, 2, 2, 2]
+    assert gen.side_branch == [True, True, True, True]
+    chain = ar_greedy(tiny, prompt, 5)
+    assert chain.draft_depth == [0] * 4 and chain.side_branch == [False] * 4
+
+
 def test_eos_stops_inside_a_multi_token_step(tiny):
     prompt = [5, 6, 7]
     truth = ar_greedy(tiny, prompt, 30).output_ids

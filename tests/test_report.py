@@ -275,3 +275,30 @@ def test_run_summary_computes_what_records_give_and_names_what_is_missing():
         run_summary(records, **{name: value for name, value in given.items() if name != "target"})
     with pytest.raises(ValueError, match="computed from the records"):
         run_summary(records, **given, n_samples=3)
+
+
+def test_acceptance_view_and_its_figure(tmp_path, capsys):
+    """fake_humaneval's steps accept 2, 1, 1, 1, 4 drafted tokens (records without depth: every drafting step
+    reaches every depth); AR drafts nothing and has no rows."""
+    figure = tmp_path / "acceptance.png"
+    cli.main([str(RUNS / "ar_humaneval"), str(RUNS / "fake_humaneval"), "--view", "acceptance", "--plot", str(figure)])
+    frame = view.table([RUNS / "ar_humaneval", RUNS / "fake_humaneval"], view="acceptance")
+    assert set(frame["run"]) == {"fake_humaneval"} and list(frame["depth"]) == [0, 1, 2, 3, 4]
+    depth = frame.set_index("depth")
+    assert depth.loc[1, "joint"] == 1.0 and depth.loc[1, "exactly"] == pytest.approx(3 / 5)
+    assert depth.loc[2, "joint"] == pytest.approx(2 / 5) and depth.loc[2, "conditional"] == pytest.approx(2 / 5)
+    assert depth.loc[4, "conditional"] == 1.0  # the one step past depth 2 went on to 4
+    assert figure.stat().st_size > 0 and "wrote" in capsys.readouterr().out
+
+
+def test_latency_view_reads_percentiles_in_ms(capsys):
+    cli.main([str(RUNS / "ar_humaneval"), "--view", "latency"])
+    header, row = capsys.readouterr().out.splitlines()[:2]
+    assert header.split()[:4] == ["run", "method", "n", "tok/s"] and "step_p99_ms" in header
+    assert row.split()[-4:-1] == ["100.00", "100.00", "100.00"]  # every AR step takes 0.1 s
+
+
+def test_plot_needs_the_acceptance_view(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        cli.main([str(RUNS), "--plot", "x.png"])
+    assert stopped.value.code == 2 and "--view acceptance" in capsys.readouterr().err

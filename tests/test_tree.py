@@ -91,3 +91,11 @@ def test_flatten_tree_with_aux_block():
         [1, 0, 0, 1, 0],  # aux rows see the root, their own mask, never tree nodes
         [1, 0, 0, 1, 1],
     ]
+
+
+def test_depth_and_leaving_the_first_branch():
+    tree = DraftTree([9, 1, 2, 3, 4], [-1, 0, 1, 0, 3])  # root's children: 1 (first-listed) and 3
+    assert tree.depth == 2 and DraftTree.root_only(9).depth == 0
+    assert not tree.leaves_first_branch([0, 1, 2])
+    assert tree.leaves_first_branch([0, 3]) and tree.leaves_first_branch([0, 3, 4])
+    assert not tree.leaves_first_branch([0])

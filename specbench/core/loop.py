@@ -50,9 +50,12 @@ class Generation:
     prefill_s: float
     target_forwards: int  # verify forwards after the prefill
     stop_reason: str  # "eos" | "max_new_tokens"
-    accept_lengths: list[int] | None = field(default_factory=list)  # tokens emitted per step
-    draft_tokens: list[int] | None = field(default_factory=list)  # drafted nodes verified per step
-    step_s: list[float] | None = field(default_factory=list)  # wall time per step
+    # the loop's per-step trace (StepTrace; None for engines outside the loop):
+    accept_lengths: list[int] | None = None  # tokens emitted per step
+    draft_tokens: list[int] | None = None  # drafted nodes verified per step
+    draft_depth: list[int] | None = None  # depth of the verified tree per step
+    side_branch: list[bool] | None = None  # the accepted path left the first-listed branch
+    step_s: list[float] | None = None  # wall time per step
     # the step breakdown, per step (None when switched off, and for engines outside the loop):
     draft_s: list[float] | None = None  # drafter.propose, pruning to the budget, laying the tree out
     verify_s: list[float] | None = None  # the target verify forward
@@ -121,6 +124,40 @@ class PhaseClock:
             setattr(gen, f"{phase}_s", laps)
 
 
+@dataclass
+class StepOutcome:
+    """What one loop step emitted and what it verified (the per-step trace of ``Generation``)."""
+
+    emitted: list[int]  # tokens committed, before the budget and EOS clip
+    drafted: int  # drafted nodes verified (root excluded)
+    depth: int  # depth of the verified tree (0: nothing drafted)
+    side_branch: bool  # the accepted path used a child other than its parent's first-listed one
+
+
+@dataclass
+class StepTrace:
+    """The per-step lists of one generation, filled as the loop steps and stored in its ``Generation``."""
+
+    accept_lengths: list[int] = field(default_factory=list)
+    draft_tokens: list[int] = field(default_factory=list)
+    draft_depth: list[int] = field(default_factory=list)
+    side_branch: list[bool] = field(default_factory=list)
+    step_s: list[float] = field(default_factory=list)
+
+    def add(self, kept: int, step: StepOutcome, seconds: float) -> None:
+        """One step: ``kept`` tokens emitted after the clip, what it verified, its wall time."""
+        self.accept_lengths.append(kept)
+        self.draft_tokens.append(step.drafted)
+        self.draft_depth.append(step.depth)
+        self.side_branch.append(step.side_branch)
+        self.step_s.append(seconds)
+
+    def record(self, gen: Generation) -> None:
+        """Store the lists in ``gen``'s fields of the same names."""
+        for name, values in vars(self).items():
+            setattr(gen, name, values)
+
+
 def clip_emitted(tokens: list[int], eos_ids: frozenset[int], budget: int) -> tuple[list[int], str | None]:
     """Cut a step's tokens at the first EOS (kept) and at the remaining budget; say why it stopped."""
     for i, token in enumerate(tokens[:budget]):
@@ -174,28 +211,25 @@ class Decoder:
             logits = prefill(self.model, cache, torch.tensor(prompt_ids))
         first = draw(logits, self.sampling, generator)
         synchronize(device)
-        accept_lengths: list[int] = []
-        draft_tokens: list[int] = []
-        step_s: list[float] = []
-        gen = Generation([first], time.perf_counter() - start, 0, "eos", accept_lengths, draft_tokens, step_s)
+        gen = Generation([first], time.perf_counter() - start, 0, "eos")
         tokens = [*prompt_ids, first]
         _, stop = clip_emitted([first], self.eos_ids, max_new_tokens)
         clock = PhaseClock(device, self.breakdown)
+        trace = StepTrace()
         while stop is None:
             remaining = max_new_tokens - len(gen.output_ids)
             step_start = time.perf_counter()
             clock.start(step_start)
             ctx = DecodeContext(tokens, len(prompt_ids), remaining, gen.target_forwards, generator)
-            emitted, drafted = self._step(ctx, cache, clock)
+            step = self._step(ctx, cache, clock)
             clock.lap("update")  # drafter.observe, and freeing the step's trees and logits on return
-            emitted, stop = clip_emitted(emitted, self.eos_ids, remaining)
+            emitted, stop = clip_emitted(step.emitted, self.eos_ids, remaining)
             tokens.extend(emitted)
             gen.output_ids.extend(emitted)
             gen.target_forwards += 1
-            accept_lengths.append(len(emitted))
-            draft_tokens.append(drafted)
             synchronize(device)  # the step's timing boundary
-            step_s.append(time.perf_counter() - step_start)
+            trace.add(len(emitted), step, time.perf_counter() - step_start)
+        trace.record(gen)
         clock.record(gen)
         gen.stop_reason = stop
         return gen
@@ -208,8 +242,8 @@ class Decoder:
         """The parts the drafter loaded."""
         return self.drafter.artefacts()
 
-    def _step(self, ctx: DecodeContext, cache: DynamicCache, clock: PhaseClock) -> tuple[list[int], int]:
-        """One propose -> verify -> accept -> compact -> observe; returns (emitted tokens, drafted nodes).
+    def _step(self, ctx: DecodeContext, cache: DynamicCache, clock: PhaseClock) -> StepOutcome:
+        """One propose -> verify -> accept -> compact -> observe; returns what the step emitted and drafted.
 
         ``clock`` laps draft, verify and accept; the caller laps update once the step's locals are freed.
         """
@@ -226,4 +260,6 @@ class Decoder:
         compact_cache(cache, past_len, accepted.path)
         clock.lap("accept")
         self.drafter.observe(ctx, tree, verified, accepted)
-        return accepted.emitted(tree), tree.num_drafted
+        return StepOutcome(
+            accepted.emitted(tree), tree.num_drafted, tree.depth, tree.leaves_first_branch(accepted.path)
+        )

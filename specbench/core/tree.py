@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import pairwise
 
 import torch
 
@@ -115,6 +116,20 @@ class DraftTree:
     def children(self) -> list[list[int]]:
         """Child lists per node, in node order."""
         return child_lists(self.parents)
+
+    @property
+    def depth(self) -> int:
+        """Depth of the deepest node (0: nothing drafted)."""
+        return max(self.depths)
+
+    def leaves_first_branch(self, path: Sequence[int]) -> bool:
+        """Whether a root-first node path uses a child other than its parent's first-listed one.
+
+        Tree builders list siblings best first (by rank or score), so this says whether the accepted path
+        needed a branch beside the drafter's top-1 continuation.
+        """
+        first_child = self.parents.index  # the first node whose parent is the given one
+        return any(first_child(parent) != node for parent, node in pairwise(path))
 
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root to ``node`` inclusive."""

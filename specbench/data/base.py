@@ -19,7 +19,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -135,7 +135,9 @@ class Dataset:
     Subclasses set ``local_file`` (name of the JSONL copy in ``data_dir``), ``hub_id`` /
     ``hub_config`` / ``hub_split`` and implement ``to_sample``; they may override ``pool`` (the
     split evaluated), ``sampler``, ``completion_prompt`` (the raw prompt for base models) and
-    ``builtin_records`` (a copy that ships with an installed package).
+    ``builtin_records`` (a copy that ships with an installed package). ``quality`` names the metric
+    ``specbench.quality`` scores the outputs with (``pass@1``, ``answer_accuracy``, ``rouge``), or None
+    where the dataset has no reference to score against.
     """
 
     local_file: str = ""
@@ -145,6 +147,7 @@ class Dataset:
     origin: str = ""  # where to get the file when it is not on the Hub (for the advice)
     sampler: str = "random.sample"  # the SAMPLERS key that draws sample_size records from the pool
     variant: str | None = None  # which version of the data (e.g. MBPP full / sanitized), for describe()
+    quality: ClassVar[str | None] = None  # the specbench.quality metric of the outputs (None: none)
 
     def __init__(
         self,

@@ -17,8 +17,10 @@ from specbench.data.base import Dataset, Sample
 
 
 class GSM8K(Dataset):
-    """Grade-school math word problems; one question per sample, in test-file order unless sampled."""
+    """Grade-school math word problems; one question per sample, in test-file order unless sampled;
+    quality = answer accuracy (the output's last number against the reference's ``#### N``)."""
 
+    quality = "answer_accuracy"
     local_file = "gsm8k_test.jsonl"
     hub_id = "openai/gsm8k"
     hub_config = "main"

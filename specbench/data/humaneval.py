@@ -6,8 +6,9 @@ from specbench.data.base import Dataset, Sample
 
 
 class HumanEval(Dataset):
-    """Code completion: the prompt is the function signature + docstring; reference = tests."""
+    """Code completion: the prompt is the function signature + docstring; reference = tests; quality = pass@1."""
 
+    quality = "pass@1"
     local_file = "humaneval.jsonl"
     hub_id = "openai/openai_humaneval"
     hub_split = "test"

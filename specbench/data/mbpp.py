@@ -33,8 +33,9 @@ def task_text(record: dict) -> str:
 
 
 class MBPP(Dataset):
-    """Python programming problems: the statement plus its asserts; reference = code and tests."""
+    """Python programming problems: the statement plus its asserts; reference = code and tests; quality = pass@1."""
 
+    quality = "pass@1"
     hub_id = "google-research-datasets/mbpp"
     hub_split = "test"
 
@@ -60,5 +61,9 @@ class MBPP(Dataset):
         return Sample(
             sample_id=f"mbpp/{record['task_id']}",
             turns=[TASK_TEMPLATE.format(text=task_text(record), tests=tests)],
-            reference={"code": record["code"], "test_list": record["test_list"]},
+            reference={
+                "code": record["code"],
+                "test_list": record["test_list"],
+                **{key: record[key] for key in ("test_setup_code", "test_imports") if record.get(key)},
+            },
         )

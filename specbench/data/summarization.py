@@ -31,8 +31,10 @@ def one_line(text: str) -> str:
 
 
 class Summarization(Dataset):
-    """A news summarization test split: document -> summary, with a 1-shot raw prompt for base models."""
+    """A news summarization test split: document -> summary, with a 1-shot raw prompt for base models;
+    quality = ROUGE-1/2/L F1 against the reference summary."""
 
+    quality = "rouge"
     document_field = ""
     summary_field = ""
     hub_split = "test"

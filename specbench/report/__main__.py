@@ -1,16 +1,20 @@
 """``python -m specbench.report RUN_DIR [RUN_DIR...] [--csv OUT.csv] [--divergences] [--by category]
-[--merge-repeats] [--view runs|steps]``: the report table of stored runs, with speedup against AR."""
+[--merge-repeats] [--view runs|steps|latency|acceptance] [--plot OUT.png] [--quality]``: the report table of
+stored runs, with speedup against AR."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from specbench.cli import user_errors
 from specbench.report.compare import divergences, provenance_warning
+from specbench.report.plot import save_acceptance_figure
+from specbench.report.quality import quality_table
 from specbench.report.read import load
-from specbench.report.view import VIEWS, divergence_text, format_table, report_table
+from specbench.report.view import VIEWS, divergence_text, format_table, quality_text, report_table
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -33,14 +37,29 @@ def _parser() -> argparse.ArgumentParser:
         "--view",
         choices=sorted(VIEWS),
         default="runs",
-        help="columns: runs (throughput, acceptance) or steps (where step time goes)",
+        help="runs (throughput, acceptance, speedup), steps (where step time goes), latency (TTFT, time per "
+        "output token and step latency percentiles, energy per token) or acceptance (by draft depth)",
+    )
+    parser.add_argument(
+        "--quality",
+        action="store_true",
+        help="also score each run's outputs with its dataset's quality metric (pass@1, answer accuracy, ROUGE) "
+        "beside its AR baseline's, with a 95 %% interval of the difference",
+    )
+    parser.add_argument(
+        "--plot", metavar="OUT.png", help="with --view acceptance: also draw the acceptance by depth of each run"
     )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Print the report table of the given runs; exit 2 with a message when they cannot be read."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.plot and args.view != "acceptance":
+        parser.error("--plot draws the acceptance view: add --view acceptance")
+    if args.quality and args.merge_repeats:
+        parser.error("--quality scores single runs: leave out --merge-repeats")
     with user_errors(argv):
         runs, samples = load(args.paths, args.by, args.merge_repeats)
     report = report_table(runs, samples, args.view)
@@ -50,9 +69,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(format_table(report))
     if args.csv:
         report.to_csv(args.csv, index=False)
+    if args.plot and report.empty:
+        print("no figure: no run drafted, or its records carry no per-step acceptance", file=sys.stderr)
+    elif args.plot:
+        print(f"wrote {save_acceptance_figure(report, Path(args.plot), 'acceptance by draft depth')}")
     if args.divergences:
         print()
         print(divergence_text(divergences(runs, samples)))
+    if args.quality:
+        print()
+        with user_errors(argv):
+            print(quality_text(quality_table(runs, samples)))
 
 
 if __name__ == "__main__":

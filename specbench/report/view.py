@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from specbench.metrics import PERCENTILES, acceptance_by_depth
 from specbench.report.compare import match_ar
 from specbench.report.read import PathLike, load
 
@@ -25,6 +26,7 @@ TABLE_COLUMNS = [
     "draft_efficiency",
     "step_latency_s",
     "outside_forward_share",
+    "side_branch_share",
     "n_common",
     "overhead",
     "speedup",
@@ -49,9 +51,38 @@ STEP_COLUMNS = [
     "accept_share",
     "update_share",
 ]
-VIEWS = {"runs": TABLE_COLUMNS, "steps": STEP_COLUMNS}
-MILLISECONDS = ("step_latency_s", "outside_forward_s")
-SHARES = ("outside_forward_share", "draft_share", "verify_share", "accept_share", "update_share")
+# Where time goes per request and per step, and the energy per token.
+LATENCY_COLUMNS = [
+    "run",
+    "method",
+    "n_samples",
+    "throughput_total",
+    *(f"ttft_p{q}_s" for q in PERCENTILES),
+    "tpot_s",
+    *(f"tpot_p{q}_s" for q in PERCENTILES),
+    *(f"step_p{q}_s" for q in PERCENTILES),
+    "joules_per_token",
+]
+# One row per run and draft depth (report.view.acceptance_table).
+ACCEPTANCE_COLUMNS = ["run", "method", "depth", "steps", "exactly", "joint", "conditional"]
+VIEWS = {"runs": TABLE_COLUMNS, "steps": STEP_COLUMNS, "latency": LATENCY_COLUMNS, "acceptance": ACCEPTANCE_COLUMNS}
+MILLISECONDS = (
+    "step_latency_s",
+    "outside_forward_s",
+    "tpot_s",
+    *(f"{name}_p{q}_s" for name in ("ttft", "tpot", "step") for q in PERCENTILES),
+)
+SHARES = (
+    "outside_forward_share",
+    "draft_share",
+    "verify_share",
+    "accept_share",
+    "update_share",
+    "side_branch_share",
+    "exactly",
+    "joint",
+    "conditional",
+)
 # Short headers so a full table fits a terminal; the CSV keeps the full column names.
 DISPLAY_NAMES = {
     "run_dir": "run",
@@ -71,14 +102,39 @@ DISPLAY_NAMES = {
     "update_share": "update",
     "exact_match_rate": "exact",
     "first_divergence": "diverges_at",
+    "side_branch_share": "side_branch",
+    "tpot_s": "tpot_ms",
+    "joules_per_token": "J/tok",
+    **{f"{name}_p{q}_s": f"{name}_p{q}_ms" for name in ("ttft", "tpot", "step") for q in PERCENTILES},
 }
 
 
+ORDER = ["session", "entry_index", "model", "dataset", "temperature", "method", "run_dir"]
+"""Row order of every view: bench entries in suite order, other runs by model and dataset."""
+
+
 def report_table(runs: pd.DataFrame, samples: pd.DataFrame, view: str = "runs") -> pd.DataFrame:
-    """One view's table from loaded frames: bench entries in suite order, other runs by model and dataset."""
-    order = ["session", "entry_index", "model", "dataset", "temperature", "method", "run_dir"]
-    report = match_ar(runs, samples).sort_values(order)
+    """One view's table from loaded frames (``acceptance``: one row per run and draft depth)."""
+    if view == "acceptance":
+        return acceptance_table(runs, samples)
+    report = match_ar(runs, samples).sort_values(ORDER)
+    report["run"] = [run_label(run) for _, run in report.iterrows()]
     return report[VIEWS[view]].reset_index(drop=True)
+
+
+def run_label(run: pd.Series) -> str:
+    """A run's name in tables and figures: its bench entry, else its folder's name."""
+    return run["entry"] if isinstance(run.get("entry"), str) and run["entry"] else Path(run["run_dir"]).name
+
+
+def acceptance_table(runs: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
+    """Acceptance by draft depth (metrics.acceptance_by_depth) of every run that drafted."""
+    rows = []
+    for _, run in runs.sort_values(ORDER).iterrows():
+        records = samples[samples["run_dir"] == run["run_dir"]].to_dict("records")
+        for depth in acceptance_by_depth(records):
+            rows.append({"run": run_label(run), "method": run["method"], **depth})
+    return pd.DataFrame(rows, columns=ACCEPTANCE_COLUMNS)
 
 
 def table(paths: Iterable[PathLike], by: str | None = None, repeats: bool = False, view: str = "runs") -> pd.DataFrame:
@@ -105,6 +161,15 @@ def _for_display(frame: pd.DataFrame) -> pd.DataFrame:
 def format_table(frame: pd.DataFrame) -> str:
     """Fixed-width text of a report frame: floats to 2 decimals, '-' where a value is missing."""
     return _for_display(frame).to_string(index=False, float_format="{:.2f}".format, na_rep="-")
+
+
+def quality_text(quality: pd.DataFrame) -> str:
+    """The quality table, or a line saying that no run's dataset declares a quality metric."""
+    if quality.empty:
+        return (
+            "no run's dataset has a quality metric (pass@1: HumanEval, MBPP; answer accuracy: GSM; ROUGE: CNN/DM, XSum)"
+        )
+    return format_table(quality)
 
 
 def divergence_text(compared: pd.DataFrame) -> str:

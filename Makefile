@@ -75,7 +75,7 @@ bench-medusa: install train-medusa  ## AR vs Medusa (trained heads), then tree-s
 bench-eagle: install train-draft train-medusa train-eagle  ## AR, Medusa, OPT-Tree, EAGLE, EAGLE-2, OPT-Tree over EAGLE at 25 nodes
 	$(PY) -m specbench.bench eagle
 
-bench-quality: install train-medusa train-eagle  ## at T=0.7: AR, lossy and lossless Medusa, EAGLE-2; pass@1 and ROUGE beside AR
+bench-quality: install train-medusa  ## at T=0.7: AR, lossy and lossless Medusa, PLD; pass@1 and ROUGE beside AR
 	$(PY) -m specbench.bench quality
 	$(PY) -m specbench.report $$(ls -d results/bench/quality/*/ | tail -1) --quality
 	$(PY) -m specbench.bench quality_summaries

@@ -141,3 +141,12 @@ def test_grid_labels_must_be_distinct_and_model_fixed():
     args = bench.parse_args(["smoke"])
     with pytest.raises(ConfigError, match="must not change the model"):
         bench.entry_configs(suite, bench.expand_entries(suite), args)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", bench.suite_names())
+def test_every_stored_suite_composes_every_entry(name):
+    """Each conf/bench suite's entries compose into run configs (a typo in a suite fails here, not after a run)."""
+    suite = bench.load_suite(name)
+    configs = bench.entry_configs(suite, bench.expand_entries(suite), bench.parse_args([name]))
+    assert len(configs) >= 2 and all(cfg.method.name for cfg in configs.values())

@@ -108,8 +108,59 @@ ADDED_FIELDS: dict[str, tuple[str, ...]] = {
 """Per readable older schema: the SAMPLE_FIELDS its records lack (null when read)."""
 
 
+NUMBER_LISTS = ("step_s", "draft_s", "verify_s", "accept_s", "update_s")
+INTEGER_LISTS = ("accept_lengths", "draft_tokens", "draft_depth", "output_ids")
+FIELD_TYPES: dict[str, str] = {
+    "sample_id": "string",
+    "turn": "count",
+    "new_tokens": "count",
+    "prompt_tokens": "optional count",
+    "target_forwards": "count",
+    "wall_s": "seconds",
+    "prefill_s": "seconds",
+    "energy_j": "optional number",
+    "output_text": "optional string",
+    "side_branch": "optional list of booleans",
+    **dict.fromkeys(NUMBER_LISTS, "optional list of numbers"),
+    **dict.fromkeys(INTEGER_LISTS, "optional list of integers"),
+}
+"""The type of every field the metrics read: a record that breaks one is refused, naming the field."""
+
+
+def is_number(value: object) -> bool:
+    """A JSON number (booleans excluded)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def is_integer(value: object) -> bool:
+    """A JSON integer (booleans excluded)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def has_type(value: object, kind: str) -> bool:
+    """Whether ``value`` is of a FIELD_TYPES kind (an ``optional`` kind also takes null)."""
+    if kind.startswith("optional "):
+        return value is None or has_type(value, kind.removeprefix("optional "))
+    items = {"list of numbers": is_number, "list of integers": is_integer, "list of booleans": is_bool}.get(kind)
+    if items is not None:
+        return isinstance(value, list) and all(items(item) for item in value)
+    if kind == "string":
+        return isinstance(value, str)
+    if kind == "count":
+        return is_integer(value) and value >= 0  # type: ignore[operator]  # is_integer checked it
+    return is_number(value) and value >= 0  # type: ignore[operator]  # seconds
+
+
+def is_bool(value: object) -> bool:
+    """A JSON boolean."""
+    return isinstance(value, bool)
+
+
 def validate_record(record: dict) -> None:
-    """Raise ValueError when a samples.jsonl record is of an unknown schema or lacks one of its fields."""
+    """Raise ValueError when a samples.jsonl record is of an unknown schema, lacks one of its fields or holds a
+    field of the wrong type (FIELD_TYPES)."""
+    if not isinstance(record, dict):
+        raise ValueError(f"a record must be a JSON object, got {type(record).__name__}")
     schema = record.get("schema")
     if schema != SCHEMA_VERSION and schema not in ADDED_FIELDS:
         raise ValueError(f"schema {schema!r}; this reader reads {[SCHEMA_VERSION, *ADDED_FIELDS]}")
@@ -117,6 +168,11 @@ def validate_record(record: dict) -> None:
     missing = [name for name in SAMPLE_FIELDS if name not in record and name not in added]
     if missing:
         raise ValueError(f"record is missing schema fields: {missing}")
+    wrong = [
+        f"{name} ({kind})" for name, kind in FIELD_TYPES.items() if name in record and not has_type(record[name], kind)
+    ]
+    if wrong:
+        raise ValueError(f"record has field(s) of the wrong type: {', '.join(wrong)}")
 
 
 def upgrade_record(record: dict) -> dict:

@@ -13,6 +13,7 @@ Every summary.json stores stale metrics (throughput_total 999) that the report m
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import subprocess
@@ -302,3 +303,46 @@ def test_plot_needs_the_acceptance_view(capsys):
     with pytest.raises(SystemExit) as stopped:
         cli.main([str(RUNS), "--plot", "x.png"])
     assert stopped.value.code == 2 and "--view acceptance" in capsys.readouterr().err
+
+
+def test_a_repeated_line_counts_once_and_a_conflicting_one_is_refused(tmp_path):
+    run = _copy_run("fake_humaneval", tmp_path)
+    samples = run / "samples.jsonl"
+    lines = samples.read_text().splitlines()
+    samples.write_text("\n".join([*lines, lines[0]]) + "\n")
+    with pytest.warns(UserWarning, match=r"lines \[5\] repeat earlier records"):
+        frame = read.load_runs([run])
+    assert frame.loc[0, "new_tokens"] == 18  # 4 + 5 + 3 + 6, s0 once
+    changed = json.loads(lines[0]) | {"wall_s": 9.0}
+    samples.write_text("\n".join([*lines, json.dumps(changed)]) + "\n")
+    with pytest.raises(read.ReportError, match=r"samples.jsonl:5: sample 's0' turn 0 was already recorded"):
+        read.load_runs([run])
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("wall_s", "fast"), ("new_tokens", 2.5), ("accept_lengths", [1, "2"]), ("turn", -1)]
+)
+def test_a_wrongly_typed_field_is_one_error_naming_file_line_and_field(tmp_path, field, value, capsys):
+    run = _copy_run("fake_humaneval", tmp_path)
+    samples = run / "samples.jsonl"
+    lines = samples.read_text().splitlines()
+    lines[1] = json.dumps(json.loads(lines[1]) | {field: value})
+    samples.write_text("\n".join(lines) + "\n")
+    with pytest.raises(SystemExit) as stopped:
+        cli.main([str(run)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stopped.value.code == 2 and len(err) == 1
+    assert "samples.jsonl:2" in err[0] and field in err[0]
+
+
+def test_a_torn_summary_or_undecodable_records_are_one_error(tmp_path, capsys):
+    run = _copy_run("fake_humaneval", tmp_path)
+    (run / "summary.json").write_text('{"model": "tiny", "meth')
+    with pytest.raises(SystemExit):
+        cli.main([str(run)])
+    assert "summary.json is not valid JSON" in capsys.readouterr().err
+    run = _copy_run("ar_humaneval", tmp_path)
+    (run / "samples.jsonl").write_bytes(b'{"schema": "\xff\xfe"}\n')
+    with pytest.raises(SystemExit):
+        cli.main([str(run)])
+    assert "not UTF-8 text at byte" in capsys.readouterr().err

@@ -86,11 +86,36 @@ def read_records(run_dir: Path) -> list[dict]:
     path = run_dir / "samples.jsonl"
     if not path.is_file():
         raise ReportError(f"{run_dir}: no samples.jsonl")
-    lines = enumerate(path.read_text().splitlines(), 1)
+    try:
+        lines = enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+    except UnicodeDecodeError as error:
+        raise ReportError(f"{path}: not UTF-8 text at byte {error.start}; the run wrote JSON Lines") from None
     numbered = [(n, line) for n, line in lines if line.strip()]
     last = numbered[-1][0] if numbered else 0
-    parsed = (_parse_line(path, n, line, n == last) for n, line in numbered)
-    return [record for record in parsed if record is not None]
+    parsed = ((n, _parse_line(path, n, line, n == last)) for n, line in numbered)
+    return _once_each(path, [(n, record) for n, record in parsed if record is not None])
+
+
+def _once_each(path: Path, numbered: list[tuple[int, dict]]) -> list[dict]:
+    """The records with each (sample, turn) once: a repeated identical line is dropped with a warning (it would
+    count twice); two different records of one sample and turn are a ReportError naming both lines."""
+    first: dict[tuple, tuple[int, dict]] = {}
+    kept, repeated = [], []
+    for number, record in numbered:
+        key = (record["sample_id"], record["turn"])
+        if key not in first:
+            first[key] = (number, record)
+            kept.append(record)
+        elif record == first[key][1]:
+            repeated.append(number)
+        else:
+            raise ReportError(
+                f"{path}:{number}: sample {key[0]!r} turn {key[1]} was already recorded differently at line "
+                f"{first[key][0]}; a run folder holds one generation per sample (remove one of the two lines)"
+            )
+    if repeated:
+        warnings.warn(f"{path}: lines {repeated} repeat earlier records; each is counted once", stacklevel=3)
+    return kept
 
 
 def _parse_line(path: Path, number: int, line: str, is_last: bool) -> dict | None:
@@ -143,11 +168,21 @@ def _identity(run_dir: Path, summary: dict) -> dict:
         }
     except KeyError as error:
         raise ReportError(f"{run_dir}/summary.json: missing field {error}") from error
+    except (TypeError, AttributeError) as error:
+        raise ReportError(f"{run_dir}/summary.json: a field of the wrong type ({error})") from error
 
 
 def read_run(run_dir: Path) -> Run:
     """Read one run directory: identity from summary.json, raw records from samples.jsonl."""
-    summary = json.loads((run_dir / "summary.json").read_text())
+    path = run_dir / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ReportError(
+            f"{path} is not valid JSON ({error}): a torn write? Resuming the run rewrites it from its records"
+        ) from None
+    if not isinstance(summary, dict):
+        raise ReportError(f"{path} must hold a JSON object, got {type(summary).__name__}")
     return Run(_identity(run_dir, summary), read_records(run_dir))
 
 

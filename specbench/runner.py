@@ -6,11 +6,13 @@ import hashlib
 import json
 import sys
 import time
+from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ValidationError
 from tqdm import tqdm
 
 from specbench import environment
@@ -41,9 +43,45 @@ RUN_ONLY_KEYS = (
 """Top-level keys that do not change what a sample's result is (excluded from the config digest)."""
 
 
+@dataclass
+class RunSettings:
+    """The types of the numeric and boolean run settings of conf/config.yaml (ranges are checked in ``validate``)."""
+
+    limit: int | None = None
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    repeat: int = 0
+    warmup: int = 1
+    force: bool = False
+    progress: bool = True
+    debug: bool = False
+
+
+TYPE_WORDS = {"int": "an integer", "int | None": "an integer or null", "float": "a number", "bool": "true or false"}
+"""How an error names each RunSettings type."""
+
+
+def type_problems(cfg: DictConfig) -> list[str]:
+    """One line per run setting whose value is not of its RunSettings type (e.g. temperature=abc)."""
+    schema = OmegaConf.structured(RunSettings)
+    problems = []
+    for item in fields(RunSettings):
+        if item.name in cfg and not OmegaConf.is_missing(cfg, item.name):
+            try:
+                OmegaConf.merge(schema, {item.name: cfg[item.name]})
+            except ValidationError:
+                expected = TYPE_WORDS[str(item.type)]
+                problems.append(f"{item.name} must be {expected} (got {cfg[item.name]!r})")
+    return problems
+
+
 def validate(cfg: DictConfig) -> None:
-    """Reject impossible run knobs before anything is loaded."""
-    problems = [f"{key} must be set" for key in sorted(OmegaConf.missing_keys(cfg))]
+    """Reject impossible run knobs (wrong types first, then ranges) before anything is loaded."""
+    problems = [f"{key} must be set" for key in sorted(OmegaConf.missing_keys(cfg))] + type_problems(cfg)
+    if problems:
+        raise ConfigError("invalid run settings: " + "; ".join(problems))
     if cfg.max_new_tokens is None or cfg.max_new_tokens < 1:
         problems.append(f"max_new_tokens must be >= 1 (got {cfg.max_new_tokens})")
     if cfg.limit is not None and cfg.limit < 1:

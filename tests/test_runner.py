@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -226,3 +227,20 @@ def test_digest_ignores_where_local_inputs_live():
         == base
     )  # layer placement and timing detail, not results
     assert digest("data_dir=/a", "method.drafter.corpus.files=/a/corpus", "method.drafter.branch_len=4") != base
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("temperature=abc", "temperature must be a number (got 'abc')"),
+        ("max_new_tokens=many", "max_new_tokens must be an integer"),
+        ("limit=2.5", "limit must be an integer or null (got 2.5)"),
+        ("top_p=[1]", "top_p must be a number"),
+        ("force=maybe", "force must be true or false"),
+    ],
+)
+def test_wrongly_typed_run_settings_are_refused_before_anything_loads(tmp_path, override, message):
+    """Types by the RunSettings schema, checked before a model, dataset or run folder is touched."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        Runner(compose_run(*TINY, override, f"output_dir={tmp_path / 'run'}"))
+    assert not (tmp_path / "run").exists()

@@ -5,7 +5,9 @@ folder (``files.atomic_dir``), so it exists only when every other file does. It 
 was trained from (settings and data digests), how far training got (steps done and planned, what
 stopped it), the accuracy measured, and a digest of the weight files that names the part in every run
 that uses it. Loaders go through ``finished_manifest``: a folder without a finished manifest (a
-training cut short, a partial copy, a part trained by an older specbench) is never used silently.
+training cut short, a partial copy, a part trained by an older specbench) is never used silently, and
+the weight files are hashed again at every load and must match the manifest's digest (``check_weights``),
+so the name a run records is the digest of the bytes it loaded.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ def write_manifest(
         "kind": kind,
         "finished": True,  # written only once training ended by its own schedule and every file is saved
         "weights_digest": files_digest(folder, weight_files),
+        "weight_files": weight_files,
         "settings_digest": settings_digest,
         "data_digest": data_digest,
         "steps_done": steps_done,
@@ -98,7 +101,27 @@ def finished_manifest(folder: Path, kind: str, train_command: str) -> dict:
             f"{manifest.get('steps_planned')} steps, stopped by {manifest.get('stopped_by')}); it is not used. "
             f"Finish it: `{train_command} force=true`"
         )
+    check_weights(folder, kind, manifest, train_command)
     return manifest
+
+
+def check_weights(folder: Path, kind: str, manifest: dict, train_command: str) -> None:
+    """ModelUnavailable unless the weight files hash to the manifest's digest: a part is identified by its bytes,
+    so a run (or a resume) never records an edited manifest or weights changed under an unchanged one."""
+    names = manifest.get("weight_files") or sorted(path.name for path in Path(folder).glob("*.safetensors"))
+    retrain = f"Train it again: `{train_command} force=true`"
+    try:
+        actual = files_digest(Path(folder), names)
+    except OSError as error:
+        raise ModelUnavailable(
+            f"the {kind} in {folder} lacks a weight file its manifest names ({error}). {retrain}"
+        ) from None
+    if actual != manifest.get("weights_digest"):
+        raise ModelUnavailable(
+            f"the {kind} in {folder} is not what its manifest says: its weights hash to {actual}, the manifest "
+            f"names {manifest.get('weights_digest')} (edited, replaced or corrupted after training); it is not used. "
+            f"{retrain}"
+        )
 
 
 def part_name(kind: str, folder: Path | str, manifest: dict | None) -> str:

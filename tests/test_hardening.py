@@ -255,6 +255,24 @@ def test_a_part_without_a_finished_manifest_is_not_used(tmp_path):
         finished_manifest(tmp_path, "distilled draft", "cmd")
 
 
+def test_a_part_is_identified_by_its_bytes_not_its_manifest(tmp_path):
+    """Weights changed under an unchanged manifest, or a manifest edited to another digest: refused, with the fix."""
+    (tmp_path / "weights.bin").write_bytes(b"trained")
+    manifest = write_manifest(tmp_path, "Medusa heads", ["weights.bin"], "s", "d", 10, 10, "steps")
+    assert manifest["weight_files"] == ["weights.bin"]
+    (tmp_path / "weights.bin").write_bytes(b"swapped")
+    with pytest.raises(ModelUnavailable, match="not what its manifest says: its weights hash to .*force=true"):
+        finished_manifest(tmp_path, "Medusa heads", "python -m specbench.train medusa model=x")
+    (tmp_path / "weights.bin").write_bytes(b"trained")
+    (tmp_path / MANIFEST).write_text(json.dumps({**manifest, "weights_digest": "0" * 16}))
+    with pytest.raises(ModelUnavailable, match="manifest names 0000000000000000"):
+        finished_manifest(tmp_path, "Medusa heads", "cmd")
+    (tmp_path / "weights.bin").unlink()
+    (tmp_path / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ModelUnavailable, match="lacks a weight file its manifest names"):
+        finished_manifest(tmp_path, "Medusa heads", "cmd")
+
+
 def distilled_stand_in(folder: Path, seed: int) -> None:
     """A finished 'distilled draft' for tiny_llama (a random one, with a manifest), as the trainer leaves it."""
     from specbench.models.loading import build_tiny_llama, load_tokenizer

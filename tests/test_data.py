@@ -1,11 +1,14 @@
 """The dataset interface and HumanEval: sources, sample fields, prompt rendering."""
 
+import json
+
 import pytest
 
-from specbench.data.base import Sample
+from specbench.config import compose_config
+from specbench.data.base import Sample, build_dataset
 from specbench.data.humaneval import HumanEval
 from specbench.data.prompts import VICUNA_SYSTEM, conversation, llama2_text, render, resolve_format, vicuna_text
-from specbench.errors import ConfigError, DataUnavailable
+from specbench.errors import ConfigError, DataError, DataUnavailable
 
 
 def test_humaneval_from_package():
@@ -87,3 +90,19 @@ def test_chat_render_matches_apply_chat_template(embedded):
     assert render(tok, messages, "chat") == expected
     llama2 = "[INST] hi [/INST] hello </s><s>[INST] and then? [/INST]"
     assert tok.decode(render(tok, messages, "llama2")) == llama2
+
+
+@pytest.mark.parametrize("question", [5, None, ["a", "b"]])
+def test_a_prompt_that_is_not_text_is_one_data_error_before_any_model(tmp_path, question):
+    """A local copy whose question is a number, null or a list: refused when the samples are read."""
+    (tmp_path / "gsm8k_test.jsonl").write_text(json.dumps({"question": question, "answer": "#### 3"}) + "\n")
+    dataset = build_dataset(compose_config("dataset=gsm8k").dataset, str(tmp_path))
+    with pytest.raises(DataError, match=r"gsm8k_test.jsonl: record 1 \(sample 'gsm8k/0'\) gives the prompt"):
+        dataset.samples()
+
+
+def test_a_data_file_that_is_not_utf8_names_its_line(tmp_path):
+    (tmp_path / "gsm8k_test.jsonl").write_bytes(b'{"question": "q", "answer": "#### 1"}\n{"question": "\xff"}\n')
+    dataset = build_dataset(compose_config("dataset=gsm8k").dataset, str(tmp_path))
+    with pytest.raises(DataError, match=r"gsm8k_test.jsonl:2: not UTF-8 text \(byte 14\)"):
+        dataset.samples()

@@ -54,13 +54,26 @@ def read_jsonl(path: Path, required: Sequence[Sequence[str]] = ()) -> list[dict]
     """Records of a JSON Lines file (blank lines skipped), each checked: a JSON object holding, for every
     entry of ``required``, at least one of its field names; a DataError names the file and line."""
     records = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if line.strip():
-                records.append(checked_record(path, number, line, required))
+    for number, raw in enumerate(path.read_bytes().splitlines(), 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise DataError(f"{path}:{number}: not UTF-8 text (byte {error.start}); save the file as UTF-8") from None
+        if line.strip():
+            records.append(checked_record(path, number, line, required))
     if not records:
         raise DataError(f"{path} holds no records; put the dataset's JSON Lines there or remove the file")
     return records
+
+
+def checked_sample(sample: Sample, source: str | None, index: int) -> Sample:
+    """The sample, or a DataError when a record gave it a turn that is not text (a number, null, a list)."""
+    if not sample.turns or not all(isinstance(turn, str) for turn in sample.turns):
+        raise DataError(
+            f"{source or 'the dataset'}: record {index + 1} (sample {sample.sample_id!r}) gives the prompt "
+            f"{sample.turns!r}: each turn must be text; fix or remove the record"
+        )
+    return sample
 
 
 def checked_record(path: Path, number: int, line: str, required: Sequence[Sequence[str]]) -> dict:
@@ -226,7 +239,7 @@ class Dataset:
     def samples(self, limit: int | None = None) -> list[Sample]:
         """The evaluated samples in ``order``, the first ``limit`` of them when given."""
         records = self.records()
-        chosen = [self.to_sample(i, records[i]) for i in self.selection()]
+        chosen = [checked_sample(self.to_sample(i, records[i]), self.resolved_source, i) for i in self.selection()]
         if self.order == "round_robin":
             chosen = round_robin(chosen)
         return chosen[:limit] if limit is not None else chosen

@@ -54,6 +54,12 @@ class RunStore:
 
     def _load(self) -> None:
         """Read what a previous run left, checking it came from the same config (nothing is written)."""
+        blocking = next((path for path in (self.dir, *self.dir.parents) if path.exists() and not path.is_dir()), None)
+        if blocking is not None:
+            raise StorageError(
+                f"output_dir {self.dir}: {blocking} is a file, not a folder; choose another output_dir=... "
+                f"(nothing was written)"
+            )
         self.previous_summary = self._read_summary()
         old = (self.previous_summary or {}).get("config_digest") or self._stored_digest()
         if old is not None and old != self.digest and not self.force:

@@ -26,6 +26,7 @@ from specbench.report import __main__ as report_cli
 from specbench.report import compare, read, view
 from specbench.reproduce.__main__ import main as reproduce_main
 from specbench.runner import Runner
+from specbench.store import RunStore
 from specbench.train.__main__ import main as train_main
 from tests.conftest import ROOT
 from tests.helpers import exit_code
@@ -379,3 +380,12 @@ def test_the_time_cap_holds_when_steps_are_slow():
         budget.step_done()
         steps += 1
     assert budget.elapsed() <= 0.2 + 0.02 and steps == 3
+
+
+@pytest.mark.parametrize("below", ["", "sub"])
+def test_an_output_dir_that_is_a_file_is_named_as_such(tmp_path, below):
+    """A regular file where the run folder (or one of its parents) should be: one clear error, nothing written."""
+    (tmp_path / "taken").write_text("not a folder")
+    with pytest.raises(StorageError, match="taken is a file, not a folder; choose another output_dir"):
+        RunStore(tmp_path / "taken" / below, "digest")
+    assert (tmp_path / "taken").read_text() == "not a folder"

@@ -31,6 +31,21 @@ def decode(model, drafter, prompt, max_new_tokens, eos_ids=frozenset(), sampling
         return Decoder(model, drafter, eos_ids, sampling).generate(prompt, max_new_tokens, generator)
 
 
+def embedded_multi_token_steps(embedded, drafter, max_new_tokens: int = 48) -> int:
+    """Decode CODE_PROMPTS on the embedded model with ``drafter`` (set up on it), asserting each output equals
+    AR's; returns how many steps emitted more than one token."""
+    model, tok = embedded.model, embedded.tokenizer
+    drafter.setup(model, tok)
+    multi_token_steps = 0
+    for text in CODE_PROMPTS:
+        prompt = tok(text)["input_ids"]
+        truth = ar_greedy(model, prompt, max_new_tokens, embedded.eos_ids)
+        gen = decode(model, drafter, prompt, max_new_tokens, embedded.eos_ids)
+        assert gen.output_ids == truth.output_ids
+        multi_token_steps += sum(length > 1 for length in gen.accept_lengths)
+    return multi_token_steps
+
+
 def repetitive_prompt(seed: int) -> list[int]:
     rng = random.Random(seed)
     phrase = [rng.randrange(97) for _ in range(8)]

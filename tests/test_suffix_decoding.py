@@ -12,7 +12,7 @@ from specbench.core.loop import Decoder
 from specbench.drafters.suffix_decoding import SuffixDecoding
 from specbench.errors import ConfigError
 from specbench.structures.suffix_tree import SuffixNode, SuffixTree
-from tests.test_anpd_pld import CODE_PROMPTS, repetitive_prompt
+from tests.test_anpd_pld import embedded_multi_token_steps, repetitive_prompt
 from tests.test_loop import ar_greedy
 
 GREEDY = Sampling()
@@ -222,14 +222,4 @@ def test_greedy_equals_ar_on_tiny_and_the_global_tree_learns(tiny, knobs):
 
 @pytest.mark.slow
 def test_greedy_equals_ar_on_the_embedded_model(embedded):
-    model, tok = embedded.model, embedded.tokenizer
-    drafter = SuffixDecoding()
-    drafter.setup(model, tok)
-    multi_token_steps = 0
-    for text in CODE_PROMPTS:
-        prompt = tok(text)["input_ids"]
-        truth = ar_greedy(model, prompt, 48, embedded.eos_ids)
-        gen = decode(model, drafter, prompt, 48, embedded.eos_ids)
-        assert gen.output_ids == truth.output_ids
-        multi_token_steps += sum(length > 1 for length in gen.accept_lengths)
-    assert multi_token_steps >= 4
+    assert embedded_multi_token_steps(embedded, SuffixDecoding()) >= 4

@@ -235,15 +235,20 @@ def _checked_header(npz, path: Path) -> dict:
     return header
 
 
-def _check_expected(header: dict, expect: Mapping[str, Mapping] | None, path: Path) -> None:
-    """Raise CorpusCacheMismatch listing every expected field whose stored value differs."""
+def header_differences(header: Mapping, expect: Mapping[str, Mapping] | None) -> list[str]:
+    """Every ``section.field`` of ``expect`` whose value in a cached file's JSON header differs, worded for an error."""
     expected = json.loads(json.dumps(expect or {}))  # tuples -> lists, as in the stored JSON
-    differences = [
+    return [
         f"{section}.{field}: file has {header.get(section, {}).get(field)!r}, expected {value!r}"
         for section, fields in expected.items()
         for field, value in fields.items()
         if header.get(section, {}).get(field) != value
     ]
+
+
+def _check_expected(header: dict, expect: Mapping[str, Mapping] | None, path: Path) -> None:
+    """Raise CorpusCacheMismatch listing every expected field whose stored value differs."""
+    differences = header_differences(header, expect)
     if differences:
         raise CorpusCacheMismatch(
             f"corpus cache {path} was built for something else ({'; '.join(differences)}); "

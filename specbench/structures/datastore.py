@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from specbench.errors import ConfigError
+from specbench.structures.corpus_cache import header_differences
 
 FORMAT = "specbench-rest-datastore"
 FORMAT_VERSION = 1
@@ -210,13 +211,7 @@ class SuffixDatastore:
 
 def check_expected(header: Mapping, expect: Mapping[str, Mapping] | None, path: Path) -> None:
     """Raise DatastoreMismatch listing every expected header field whose stored value differs."""
-    expected = json.loads(json.dumps(expect or {}))  # tuples -> lists, as in the stored JSON
-    differences = [
-        f"{section}.{field}: file has {header.get(section, {}).get(field)!r}, expected {value!r}"
-        for section, fields in expected.items()
-        for field, value in fields.items()
-        if header.get(section, {}).get(field) != value
-    ]
+    differences = header_differences(header, expect)
     if differences:
         raise DatastoreMismatch(
             f"REST datastore {path} was built for something else ({'; '.join(differences)}); delete it and it "

@@ -14,6 +14,8 @@ with null (not measured; a null prompt digest pairs as before, on sample id and 
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 SCHEMA_VERSION = "specbench.samples/4"
 SUMMARY_VERSION = "specbench.summary/1"
 
@@ -127,12 +129,12 @@ FIELD_TYPES: dict[str, str] = {
 """The type of every field the metrics read: a record that breaks one is refused, naming the field."""
 
 
-def is_number(value: object) -> bool:
+def is_number(value: object) -> TypeGuard[float]:
     """A JSON number (booleans excluded)."""
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def is_integer(value: object) -> bool:
+def is_integer(value: object) -> TypeGuard[int]:
     """A JSON integer (booleans excluded)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -147,8 +149,8 @@ def has_type(value: object, kind: str) -> bool:
     if kind == "string":
         return isinstance(value, str)
     if kind == "count":
-        return is_integer(value) and value >= 0  # type: ignore[operator]  # is_integer checked it
-    return is_number(value) and value >= 0  # type: ignore[operator]  # seconds
+        return is_integer(value) and value >= 0
+    return is_number(value) and value >= 0  # seconds
 
 
 def is_bool(value: object) -> bool:

@@ -18,7 +18,7 @@ SHARED ?= $(abspath ../shared)
 export SPECBENCH_DATA_DIR ?= $(SHARED)/datasets
 export SPECBENCH_CORPUS_DIR ?= $(SHARED)/corpus/sotu_1946_2026
 
-.PHONY: install lock lock-upgrade check-latest demo test test-fast lint bench-ar bench-model-free bench-draft bench-medusa bench-eagle bench-quality bench-figures bench-all train-draft train-medusa \
+.PHONY: install lock lock-upgrade check-latest demo test test-fast lint bench-ar bench-model-free bench-draft bench-medusa bench-eagle bench-quality bench-auto bench-figures bench-all train-draft train-medusa \
 	train-eagle profile report \
 	reproduce-tables reproduce-run reproduce-build parity parity-lade parity-venv-lade clean
 
@@ -94,6 +94,10 @@ train-medusa: install  ## train the embedded model's Medusa heads once (cached i
 
 train-eagle: install  ## train the embedded model's EAGLE head once (cached in $SPECBENCH_CACHE)
 	$(PY) -m specbench.train eagle model=smollm2_135m
+
+bench-auto: install train-draft train-medusa train-eagle  ## every method with a size knob: paper budget vs budget=auto vs AR
+	$(PY) -m specbench.bench hardware_aware
+	$(PY) -m specbench.report $$(ls -d results/bench/hardware_aware/*/ | tail -1) --merge-repeats --view cost
 
 bench-all: install train-draft train-medusa train-eagle  ## every method in one process: step time, time outside the forward, step breakdown
 	$(PY) -m specbench.bench all_methods

@@ -8,7 +8,10 @@
 # latency of the model by new tokens per pass, contexts 256 and 1024) with DIR/profile.log, and
 # DIR/all_methods/<session>/ (conf/bench/all_methods.yaml: every method, on the random Llama-2-7B-shaped
 # model in float16; one run folder per method, read by python -m specbench.report) with DIR/bench.log. The profile runs first: it takes about a minute and shows at once
-# that the 7B model builds and runs, and its numbers survive if the longer bench is cut off.
+# that the 7B model builds and runs, and its numbers survive if the longer bench is cut off. Last, DIR/budgets/
+# (with DIR/budgets.log): PLD and Lookahead at budget=auto on the same model (2 calibration prompts, 4 run
+# prompts): the knob values the cost model picks on this GPU's latency curve, to set beside the CPU's choices
+# (make bench-auto); each run's budget.json holds every candidate's tokens/step, T(k) and predicted speedup.
 #
 # Time on an H100 (a 7B float16 forward is ~20-30 ms at batch 1): two start-ups (imports, tokenizer,
 # 7B built in place on the GPU) ~1 min; profile ~2 x 8 x 2 cells x 7 forwards ~0.5 min; bench 11 methods
@@ -93,6 +96,11 @@ main() {
   # every entry, AR included, pays them alike)
   "$PYTHON" -m specbench.bench all_methods model=llama2_7b_random --device cuda --dtype float16 \
     --limit "$LIMIT" --max-new-tokens "$MAX_NEW_TOKENS" --out "$out" step_breakdown=true 2>&1 | tee "$out/bench.log"
+  for method in pld lookahead; do
+    "$PYTHON" -m specbench model=llama2_7b_random device=cuda dtype=float16 method="$method" budget=auto \
+      limit=4 max_new_tokens="$MAX_NEW_TOKENS" calibration.prompts=2 progress=false \
+      "output_dir=$out/budgets/$method" 2>&1 | tee -a "$out/budgets.log"
+  done
   echo "gpu check done: $out"
 }
 

@@ -258,6 +258,9 @@ def run(args: argparse.Namespace) -> Path:
         f"device={environment['device_name']} dtype={dtype_name(dtype)} threads={torch.get_num_threads()}"
     )
     print(format_table(table([session], repeats=True, view="steps")))
+    cost = table([session], repeats=True, view="cost")
+    if cost["ideal_speedup"].notna().any():  # a latency curve is cached for this model and device
+        print(format_table(cost))
     acceptance = table([session], repeats=True, view="acceptance")
     if not acceptance.empty:
         save_acceptance_figure(acceptance, session / "acceptance.png", f"{args.suite}: acceptance by draft depth")
@@ -365,6 +368,8 @@ def legacy_summary(payload: dict, entry: dict, records: list[dict], round_index:
         bench=bench,
         target="",  # the old format recorded no target digest nor parts (the report reads both as unknown)
         artefacts=[],
+        budget=None,
+        latency_curves=[],
         converted_from=source,
     )
 

@@ -41,8 +41,15 @@ def file_stem(path: str | None, default: str) -> str:
     return Path(str(path)).stem if path else default
 
 
-if not OmegaConf.has_resolver("file_stem"):
-    OmegaConf.register_new_resolver("file_stem", file_stem)
+def suffix(prefix: str, value: object) -> str:
+    """``${suffix:-b,${budget}}``: ``prefix`` + value, or nothing when the value is null (folder names that only
+    grow a part when a setting is used)."""
+    return "" if value is None else f"{prefix}{value}"
+
+
+for name, resolver in (("file_stem", file_stem), ("suffix", suffix)):
+    if not OmegaConf.has_resolver(name):
+        OmegaConf.register_new_resolver(name, resolver)
 
 
 def folder_of(entry: str) -> Path:

@@ -12,10 +12,11 @@ Conventions (papers differ; see docs/metrics.md#tokens-per-step):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from specbench.costmodel import LatencyCurve, ideal_speedup, nearest_curve, step_costs
 from specbench.schema import PHASES, SUMMARY_FIELDS, SUMMARY_VERSION
 
 PERCENTILES = (50, 90, 99)
@@ -157,6 +158,31 @@ def side_branch_share(records: Iterable[dict]) -> float | None:
         if depth is not None and drafted > depth and accepted > 0
     ]
     return _ratio(sum(bool(side) for side in branched), len(branched)) if branched else None
+
+
+COST_METRICS = ("ideal_speedup", "verify_ms", "curve_context")
+
+
+def cost_metrics(records: list[dict], curves: Sequence[LatencyCurve]) -> dict:
+    """The run's steps priced with the latency curve nearest its mean context: ``verify_ms`` (mean T(k) per
+    step) and ``ideal_speedup`` (tau * T(1) / mean T(k)); None without a curve or without traced steps."""
+    priced = [r for r in records if r.get("accept_lengths") and r.get("draft_tokens") is not None]
+    if not curves or not priced:
+        return dict.fromkeys(COST_METRICS)
+    context = np.mean([(r["prompt_tokens"] or 0) + r["new_tokens"] / 2 for r in priced])
+    curve = nearest_curve(curves, float(context))
+    costs = step_costs(
+        [n for r in priced for n in r["accept_lengths"]],
+        [n for r in priced for n in r["draft_tokens"]],
+        [d for r in priced for d in (r.get("draft_depth") or [None] * len(r["draft_tokens"]))],
+        [0.0] * sum(len(r["accept_lengths"]) for r in priced),
+        curve,
+    )
+    return {
+        "ideal_speedup": ideal_speedup(costs, curve),
+        "verify_ms": costs.verify_ms,
+        "curve_context": curve.context_length,
+    }
 
 
 def run_summary(records: list[dict], **fields) -> dict:

@@ -8,6 +8,8 @@ speculative method pays this curve, so it decides how many tokens per step a met
         [num_tokens=[1,2,4,8]] [repeats=5] [warmup=2] [output_dir=...]
 
 Writes ``latency_<device>_<dtype>.csv``, ``.png`` and ``.json`` (environment) under ``output_dir``.
+``cached_curve`` measures (once per model, device, dtype and context bucket) the curve ``budget=auto`` prices
+verify steps with, kept under ``$SPECBENCH_CACHE/profile``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from itertools import groupby
 from pathlib import Path
 
 import hydra
+import numpy as np
 import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -34,8 +37,11 @@ from specbench.config import CONF_DIR
 from specbench.core.loop import synchronize
 from specbench.core.tree import DraftTree
 from specbench.core.verify import cache_length, compact_cache, forward_tree, new_cache, prefill
+from specbench.costmodel import LatencyCurve, curve_from_rows
 from specbench.environment import capture, device_name, dtype_name
-from specbench.models.loading import load_model, resolve_device, resolve_dtype
+from specbench.files import write_atomic
+from specbench.models.loading import LoadedModel, load_model, resolve_device, resolve_dtype
+from specbench.paths import cache_root
 
 MASKS = ("chain", "tree")
 CSV_FIELDS = ["model", "device_name", "dtype", "context_length", "num_tokens", "mask", "median_ms", "min_ms", "repeats"]
@@ -239,6 +245,57 @@ def write_csv(rows: list[dict], path: Path) -> None:
         writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
         writer.writeheader()
         writer.writerows(rows)
+
+
+CURVE_TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+"""New tokens per forward a cached curve measures: dense where budgets are chosen, to 128 (LADE's 15 x 5 window)."""
+CURVE_REPEATS, CURVE_WARMUP = 5, 2
+
+
+def context_bucket(context_tokens: float) -> int:
+    """The power of two (at least 64) nearest to a mean context length: the curves cached per model are few."""
+    return int(2 ** max(6, round(float(np.log2(max(context_tokens, 1.0))))))
+
+
+def curve_folder(model_name: str, device: torch.device, dtype: torch.dtype) -> Path:
+    """Where the cached curves of one (model, device, dtype) live; the device's name, not its index, keys them."""
+    slug = "".join(char if char.isalnum() else "_" for char in device_name(device)).strip("_")
+    return cache_root() / "profile" / model_name / f"{slug}_{dtype_name(dtype)}"
+
+
+def cached_curves(model_name: str, device: torch.device, dtype: torch.dtype) -> list[LatencyCurve]:
+    """Every curve cached for this (model, device, dtype), by context length (none: an empty list)."""
+    paths = sorted(curve_folder(model_name, device, dtype).glob("c*.json"))
+    return sorted((read_curve(path) for path in paths), key=lambda curve: curve.context_length)
+
+
+def read_curve(path: Path) -> LatencyCurve:
+    """A cached curve file (written by ``cached_curve``)."""
+    return LatencyCurve.from_dict(json.loads(path.read_text())["curve"])
+
+
+def cached_curve(lm: LoadedModel, device: torch.device, context_length: int, remeasure: bool = False) -> LatencyCurve:
+    """The latency curve of ``lm`` at ``context_length`` cached tokens: read from the cache, else measured (a few
+    hundred forwards, round-robin over the cells) and cached with when and where it was measured."""
+    path = curve_folder(lm.name, device, lm.model.dtype) / f"c{context_length}.json"
+    if path.is_file() and not remeasure:
+        return read_curve(path)
+    rows = profile_latency(
+        lm.model,
+        [context_length],
+        list(CURVE_TOKENS),
+        CURVE_REPEATS,
+        CURVE_WARMUP,
+        0,
+        device,
+        name=lm.name,
+        max_context=lm.context_length,
+    )
+    curve = curve_from_rows(rows, context_length)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    measured = {"curve": curve.to_dict(), "device_name": device_name(device), "measured_at": time.time()}
+    write_atomic(path, json.dumps(measured, indent=2) + "\n")
+    return curve
 
 
 def run(cfg: DictConfig) -> Path:

@@ -16,6 +16,16 @@ from omegaconf.errors import ValidationError
 from tqdm import tqdm
 
 from specbench import environment
+from specbench.budget import (
+    BUDGET_FILE,
+    KNOB_NODE,
+    budget_problems,
+    calibrate,
+    default_value,
+    given_record,
+    knob_key,
+    with_budget,
+)
 from specbench.core.acceptance import Sampling, sampling_problems
 from specbench.core.loop import STEP_BREAKDOWN_SETTINGS, Engine, Generation, synchronize
 from specbench.data.base import Dataset, Sample, build_dataset
@@ -24,6 +34,7 @@ from specbench.engines import build_engine, check_method
 from specbench.errors import ConfigError, RunConflict
 from specbench.metrics import run_summary
 from specbench.models.loading import LoadedModel, load_model, resolve_device, resolve_dtype
+from specbench.profile import cached_curves
 from specbench.schema import PHASES, SCHEMA_VERSION
 from specbench.store import RunStore
 
@@ -39,8 +50,10 @@ RUN_ONLY_KEYS = (
     "results_root",
     "step_breakdown",
     "debug",
+    "calibration",
 )
-"""Top-level keys that do not change what a sample's result is (excluded from the config digest)."""
+"""Top-level keys that do not change what a sample's result is (excluded from the config digest). ``calibration``
+only steers ``budget=auto``, whose choice is stored with the run and reused when it resumes."""
 
 
 @dataclass
@@ -91,6 +104,7 @@ def validate(cfg: DictConfig) -> None:
     problems += sampling_problems(cfg.temperature, cfg.top_p)
     if cfg.step_breakdown not in STEP_BREAKDOWN_SETTINGS:
         problems.append(f"step_breakdown must be true, false or auto (got {cfg.step_breakdown!r})")
+    problems += budget_problems(cfg)
     if problems:
         raise ConfigError("invalid run settings: " + "; ".join(problems))
 
@@ -123,6 +137,9 @@ def config_digest(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> 
     identity = without_locations(OmegaConf.to_container(cfg, resolve=True))
     for key in RUN_ONLY_KEYS:
         identity.pop(key, None)
+    if identity.get("budget") is None:  # the method's default: digests as before budgets existed
+        identity.pop("budget", None)
+    identity["method"].pop(KNOB_NODE, None)  # which key budget= sets: not a setting of the run
     for key in METHOD_INPUT_KEYS:
         (identity.get("model") or {}).pop(key, None)
     identity.update(device=device.type, dtype=str(dtype))
@@ -199,6 +216,9 @@ class Runner:
 
     def __init__(self, cfg: DictConfig, lm: LoadedModel | None = None, bench: dict | None = None):
         validate(cfg)
+        self.budget = given_record(cfg)
+        if self.budget is not None:
+            cfg = with_budget(cfg, self.budget["value"])
         check_method(cfg.method)  # the drafter's knobs, before any model loads
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
@@ -255,7 +275,26 @@ class Runner:
         if self.lm is None:
             self.lm = load_model(self.cfg.model, self.device, self.dtype)
         self.store.begin()
+        if self.cfg.get("budget") == "auto":
+            self._choose_budget()
         self.store.write_config(OmegaConf.to_yaml(self.cfg, resolve=True))
+
+    def _choose_budget(self) -> None:
+        """budget=auto: calibrate (or reuse the choice this folder stored), then set the method's size knob."""
+        assert self.lm is not None  # loaded by open()
+        record = self.store.read_json(BUDGET_FILE)
+        if record is None:
+            calibration = calibrate(self.cfg, self.lm, self.device, self.dataset, self.samples)
+            record = calibration.record(knob_key(self.cfg), default_value(self.cfg))
+            self.store.write_json(BUDGET_FILE, record)
+        else:
+            print(f"[specbench] reusing the budget this run chose when it started ({self.store.dir / BUDGET_FILE})")
+        print(
+            f"[specbench] budget=auto: {record['key']}={record['value']} (predicted {record['predicted_speedup']:.2f}x "
+            f"AR; the method's default is {record['default']})"
+        )
+        self.budget = record
+        self.cfg = with_budget(self.cfg, record["value"])
 
     def start_engine(self, first: Sample | None) -> None:
         """Warm up on ``first`` (if any) with a throwaway engine, then build the measured engine.
@@ -420,4 +459,6 @@ class Runner:
             artefacts=sorted(self.engine.artefacts())
             if self.engine
             else (self.store.previous_summary or {}).get("artefacts"),
+            budget=self.budget,
+            latency_curves=[curve.to_dict() for curve in cached_curves(cfg.model.name, self.device, self.dtype)],
         )

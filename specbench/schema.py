@@ -97,6 +97,11 @@ SUMMARY_FIELDS: dict[str, str] = {
     "artefacts": "the trained or published parts the engine loaded (`draft:<weights digest>`, "
     "`medusa:<Hub id>`, `corpus:<cache id>`); a folder never mixes samples of different ones, and "
     "the report never merges runs that differ in them",
+    "budget": "the method's size knob when set by budget= (null: the method's default): {mode: given|auto, key, "
+    "value, default}; auto adds predicted_speedup, every candidate's measured costs, AR's, the latency curve "
+    "and its digest, and the calibration (held-out sample ids, max_new_tokens, seconds); see specbench.budget",
+    "latency_curves": "the latency curves cached for this model, device and dtype when the summary was written "
+    "(specbench.profile.cached_curve; one per context length): the report's ideal speedup prices steps with them",
 }
 
 

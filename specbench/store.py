@@ -138,6 +138,16 @@ class RunStore:
         with storage(self.dir / SUMMARY, "write"):
             write_atomic(self.dir / SUMMARY, json.dumps(summary, indent=2) + "\n")
 
+    def read_json(self, name: str) -> dict | None:
+        """A JSON file the run keeps beside its records (e.g. ``budget.json``), or None when absent."""
+        path = self.dir / name
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+    def write_json(self, name: str, data: dict) -> None:
+        """Keep ``data`` beside the records as ``name``, atomically."""
+        with storage(self.dir / name, "write"):
+            write_atomic(self.dir / name, json.dumps(data, indent=2) + "\n")
+
     def write_config(self, yaml_text: str) -> None:
         """Store the resolved config beside the results, its digest on the first line."""
         with storage(self.dir / CONFIG, "write"):

@@ -234,6 +234,8 @@ def summary(cfg: DictConfig, folder: Path, run_id: str, records: list[dict], see
         bench=None,
         target="",
         artefacts=[],
+        budget=None,
+        latency_curves=[],
     )
 
 

@@ -25,21 +25,21 @@ LAYERS = [  # lowest first, as docs/design.md#layering draws them; a module belo
             "specbench.files",
             "specbench.paths",
             "specbench.store",
+            "specbench.costmodel",
         ),
     ),
     ("core", ("specbench.core",)),
     ("parts", ("specbench.structures", "specbench.models", "specbench.data")),
     ("part builders", ("specbench.train", "specbench.corpus")),
     ("drafters", ("specbench.drafters",)),
-    ("engines and metrics", ("specbench.engines", "specbench.metrics", "specbench.quality")),
-    ("runner", ("specbench.runner",)),
+    ("engines and metrics", ("specbench.engines", "specbench.metrics", "specbench.quality", "specbench.profile")),
+    ("runner", ("specbench.runner", "specbench.budget")),
     (
         "apps",
         (
             "specbench.bench",
             "specbench.report",
             "specbench.reproduce",
-            "specbench.profile",
             "specbench.parity",
             "specbench.conformance",
             "specbench.quality.teacher",
@@ -49,6 +49,7 @@ LAYERS = [  # lowest first, as docs/design.md#layering draws them; a module belo
 ]
 REPORT_IMPORTS = {
     "specbench.metrics",
+    "specbench.costmodel",
     "specbench.schema",
     "specbench.errors",
     "specbench.cli",

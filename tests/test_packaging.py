@@ -167,11 +167,16 @@ def test_readme_knob_table_is_the_config():
     section = readme[readme.index("## Run settings") : readme.index("## Methods")]
     rows = dict(re.findall(r"^\| `(\w+)` \| ([^|]+) \|", section, flags=re.MULTILINE))
     assert set(rows) == set(keys)
+    def shown(value) -> str:
+        return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
     for key, value in keys.items():
         if isinstance(value, str) and "${" in value:
             continue  # output_dir, data_dir: described, not quoted
-        expected = str(value).lower() if isinstance(value, bool) or value is None else str(value)
-        assert rows[key].strip().strip("`") == expected, key
+        if OmegaConf.is_dict(config[key]):  # a node: every sub-key with its default, as `name=value`
+            assert all(f"`{name}={shown(sub)}`" in rows[key] for name, sub in config[key].items()), key
+            continue
+        assert rows[key].strip().strip("`") == shown(value), key
 
 
 @pytest.mark.slow

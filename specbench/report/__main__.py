@@ -1,5 +1,5 @@
 """``python -m specbench.report RUN_DIR [RUN_DIR...] [--csv OUT.csv] [--divergences] [--by category]
-[--merge-repeats] [--view runs|steps|latency|acceptance] [--plot OUT.png] [--quality]``: the report table of
+[--merge-repeats] [--view runs|steps|latency|cost|acceptance] [--plot OUT.png] [--quality]``: the report table of
 stored runs, with speedup against AR."""
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ def _parser() -> argparse.ArgumentParser:
         choices=sorted(VIEWS),
         default="runs",
         help="runs (throughput, acceptance, speedup), steps (where step time goes), latency (TTFT, time per "
-        "output token and step latency percentiles, energy per token) or acceptance (by draft depth)",
+        "output token and step latency percentiles, energy per token), cost (ideal, predicted and achieved "
+        "speedup: the cost model beside the measurement) or acceptance (by draft depth)",
     )
     parser.add_argument(
         "--quality",

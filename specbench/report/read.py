@@ -8,14 +8,15 @@ import json
 import os
 import warnings
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
 
+from specbench.costmodel import LatencyCurve
 from specbench.dependencies import dependency_label
 from specbench.errors import UserError
-from specbench.metrics import aggregate
+from specbench.metrics import aggregate, cost_metrics
 from specbench.schema import SAMPLE_FIELDS, upgrade_record, validate_record
 
 PathLike = str | Path
@@ -42,6 +43,7 @@ RUN_COLUMNS = [
     "prompt_format",
     "target",
     "artefacts",
+    "budget",
     "env.git_commit",
     "env.git_dirty",
     "env.dependencies",
@@ -54,10 +56,12 @@ class ReportError(UserError):
 
 @dataclass(frozen=True)
 class Run:
-    """One run directory as read from disk: its identity columns and its raw sample records."""
+    """One run directory as read from disk: its identity columns, its raw sample records and the latency curves its
+    summary carries (what the ideal speedup is priced with)."""
 
     identity: dict
     records: list[dict]
+    curves: tuple[LatencyCurve, ...] = ()
 
 
 def find_run_dirs(paths: Iterable[PathLike]) -> list[Path]:
@@ -161,6 +165,8 @@ def _identity(run_dir: Path, summary: dict) -> dict:
             "prompt_format": summary.get("prompt_format") or "",
             "target": summary.get("target") or "",
             "artefacts": ";".join(summary.get("artefacts") or []),
+            "budget": budget_label(summary.get("budget")),
+            "predicted_speedup": (summary.get("budget") or {}).get("predicted_speedup"),
             # provenance: the code and the dependency set that measured the run (``provenance_warning``)
             "env.git_commit": environment.get("git_commit"),
             "env.git_dirty": environment.get("git_dirty"),
@@ -170,6 +176,21 @@ def _identity(run_dir: Path, summary: dict) -> dict:
         raise ReportError(f"{run_dir}/summary.json: missing field {error}") from error
     except (TypeError, AttributeError) as error:
         raise ReportError(f"{run_dir}/summary.json: a field of the wrong type ({error})") from error
+
+
+def budget_label(budget: dict | None) -> str:
+    """How a run's size knob was set: '' (the method's default), 'N' (given) or 'auto:N' (chosen)."""
+    if not budget:
+        return ""
+    return f"auto:{budget['value']}" if budget["mode"] == "auto" else str(budget["value"])
+
+
+def summary_curves(run_dir: Path, summary: dict) -> tuple[LatencyCurve, ...]:
+    """The latency curves a summary carries (none in summaries written before curves were kept)."""
+    try:
+        return tuple(LatencyCurve.from_dict(curve) for curve in summary.get("latency_curves") or [])
+    except (KeyError, TypeError, ValueError) as error:
+        raise ReportError(f"{run_dir}/summary.json: a latency curve that cannot be read ({error})") from error
 
 
 def read_run(run_dir: Path) -> Run:
@@ -183,7 +204,7 @@ def read_run(run_dir: Path) -> Run:
         ) from None
     if not isinstance(summary, dict):
         raise ReportError(f"{path} must hold a JSON object, got {type(summary).__name__}")
-    return Run(_identity(run_dir, summary), read_records(run_dir))
+    return Run(_identity(run_dir, summary), read_records(run_dir), summary_curves(run_dir, summary))
 
 
 def read_runs(paths: Iterable[PathLike]) -> list[Run]:
@@ -193,7 +214,9 @@ def read_runs(paths: Iterable[PathLike]) -> list[Run]:
 
 def runs_frame(runs: list[Run]) -> pd.DataFrame:
     """One row per run: identity columns plus metrics recomputed from its raw records."""
-    frame = pd.DataFrame([{**run.identity, **aggregate(run.records)} for run in runs])
+    frame = pd.DataFrame(
+        [{**run.identity, **aggregate(run.records), **cost_metrics(run.records, run.curves)} for run in runs]
+    )
     metrics = [column for column in frame.columns if column not in RUN_COLUMNS]
     frame[metrics] = frame[metrics].apply(pd.to_numeric)  # None (no drafts, no steps) -> NaN
     return frame
@@ -231,7 +254,7 @@ def split_by(runs: list[Run], field: str) -> list[Run]:
                 "dataset": f"{run.identity['dataset']}/{value}",
                 "n_samples": len({record["sample_id"] for record in records}),
             }
-            parts.append(Run(identity, records))
+            parts.append(replace(run, identity=identity, records=records))
     return parts
 
 
@@ -262,7 +285,7 @@ def merge_repeats(runs: list[Run]) -> list[Run]:
             "n_samples": len({record["sample_id"] for record in records}),
             "status": "complete" if statuses == {"complete"} else sorted(statuses - {"complete"})[0],
         }
-        merged.append(Run(identity, records))
+        merged.append(replace(group[0], identity=identity, records=records))
     return merged
 
 

@@ -63,9 +63,29 @@ LATENCY_COLUMNS = [
     *(f"step_p{q}_s" for q in PERCENTILES),
     "joules_per_token",
 ]
+# The cost model beside the measurement: tokens/step priced with the run's latency curve (ideal), the speedup
+# budget=auto predicted from its calibration, and the speedup achieved against AR (docs/metrics.md#cost-model).
+COST_COLUMNS = [
+    "run",
+    "method",
+    "budget",
+    "tokens_per_step",
+    "verify_ms",
+    "outside_forward_s",
+    "ideal_speedup",
+    "predicted_speedup",
+    "speedup",
+    "achieved_over_predicted",
+]
 # One row per run and draft depth (report.view.acceptance_table).
 ACCEPTANCE_COLUMNS = ["run", "method", "depth", "steps", "exactly", "joint", "conditional"]
-VIEWS = {"runs": TABLE_COLUMNS, "steps": STEP_COLUMNS, "latency": LATENCY_COLUMNS, "acceptance": ACCEPTANCE_COLUMNS}
+VIEWS = {
+    "runs": TABLE_COLUMNS,
+    "steps": STEP_COLUMNS,
+    "latency": LATENCY_COLUMNS,
+    "cost": COST_COLUMNS,
+    "acceptance": ACCEPTANCE_COLUMNS,
+}
 MILLISECONDS = (
     "step_latency_s",
     "outside_forward_s",
@@ -106,6 +126,10 @@ DISPLAY_NAMES = {
     "tpot_s": "tpot_ms",
     "joules_per_token": "J/tok",
     **{f"{name}_p{q}_s": f"{name}_p{q}_ms" for name in ("ttft", "tpot", "step") for q in PERCENTILES},
+    "verify_ms": "T(k)_ms",
+    "ideal_speedup": "ideal",
+    "predicted_speedup": "predicted",
+    "achieved_over_predicted": "achieved/pred",
 }
 
 
@@ -119,6 +143,7 @@ def report_table(runs: pd.DataFrame, samples: pd.DataFrame, view: str = "runs") 
         return acceptance_table(runs, samples)
     report = match_ar(runs, samples).sort_values(ORDER)
     report["run"] = [run_label(run) for _, run in report.iterrows()]
+    report["achieved_over_predicted"] = report["speedup"] / report["predicted_speedup"]
     return report[VIEWS[view]].reset_index(drop=True)
 
 

@@ -17,10 +17,15 @@ from specbench.errors import RunConflict
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` so readers never see a half-written file."""
+    """Replace ``path`` with ``text`` so readers never see a half-written file; a failed write (full disk) leaves
+    ``path`` as it was and no temporary file behind."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 @contextmanager

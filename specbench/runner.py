@@ -235,6 +235,7 @@ class Runner:
         self.bench = bench
         self.lm = lm
         self.engine: Engine | None = None
+        self.config_written = False
         self.peak_memory = (self.store.previous_summary or {}).get("peak_memory")
 
     @staticmethod
@@ -270,14 +271,13 @@ class Runner:
         return [s for s in self.samples if s.sample_id not in self.store.finished_ids]
 
     def open(self) -> None:
-        """Load the model unless one was given, then become the folder's writer (lock) and store the resolved
-        config: a model that cannot load leaves no folder behind."""
+        """Load the model unless one was given, then become the folder's writer (lock). Nothing is written before
+        the first sample is: a model or drafter that fails to load leaves no folder behind (``_write_config``)."""
         if self.lm is None:
             self.lm = load_model(self.cfg.model, self.device, self.dtype)
         self.store.begin()
         if self.cfg.get("budget") == "auto":
             self._choose_budget()
-        self.store.write_config(OmegaConf.to_yaml(self.cfg, resolve=True))
 
     def _choose_budget(self) -> None:
         """budget=auto: calibrate (or reuse the choice this folder stored), then set the method's size knob."""
@@ -286,7 +286,6 @@ class Runner:
         if record is None:
             calibration = calibrate(self.cfg, self.lm, self.device, self.dataset, self.samples)
             record = calibration.record(knob_key(self.cfg), default_value(self.cfg))
-            self.store.write_json(BUDGET_FILE, record)
         else:
             print(f"[specbench] reusing the budget this run chose when it started ({self.store.dir / BUDGET_FILE})")
         print(
@@ -328,6 +327,7 @@ class Runner:
         """Time every turn of one sample, append its records and refresh the summary; returns the records."""
         environment.reset_peak_memory(self.device)
         records = self._run_sample(sample)
+        self._write_config()
         self.store.append(records)
         peak = environment.peak_memory(self.device)
         if peak is not None and (self.peak_memory is None or peak["bytes"] > self.peak_memory["bytes"]):
@@ -335,10 +335,20 @@ class Runner:
         self.store.write_summary(self.summary("running"))
         return records
 
+    def _write_config(self) -> None:
+        """Before this writer's first record: the resolved config (and a budget=auto choice not yet stored)."""
+        if self.config_written:
+            return
+        self.store.write_config(OmegaConf.to_yaml(self.cfg, resolve=True))
+        if self.budget is not None and self.budget["mode"] == "auto" and self.store.read_json(BUDGET_FILE) is None:
+            self.store.write_json(BUDGET_FILE, self.budget)
+        self.config_written = True
+
     def finish(self, status: str) -> None:
-        """Write the final summary with ``status`` (complete, interrupted or failed) and release the folder."""
+        """Write the final summary with ``status`` (complete, interrupted or failed) and release the folder; a
+        folder without records gets no summary (nothing is written before the first sample)."""
         try:
-            if self.store.lock.held:
+            if self.store.lock.held and self.store.records:
                 self.store.write_summary(self.summary(status))
         finally:
             self.store.close()

@@ -50,6 +50,7 @@ class RunStore:
         self.lock = FolderLock(self.dir)
         self.records: list[dict] = []
         self.previous_summary: dict | None = None
+        self.created: list[Path] = []  # folders ``begin`` made, deepest first (``close`` removes them if left empty)
         self._load()
 
     def _load(self) -> None:
@@ -105,6 +106,7 @@ class RunStore:
 
     def begin(self) -> None:
         """Become the folder's only writer: lock it, reload it, drop the lines of unfinished samples."""
+        self.created = [path for path in (self.dir, *self.dir.parents) if not path.exists()]
         with storage(self.dir, "lock"):
             self.lock.acquire()
         self._load()
@@ -116,8 +118,12 @@ class RunStore:
             self.torn_lines = 0
 
     def close(self) -> None:
-        """Stop writing: release the folder's lock."""
+        """Stop writing: release the folder's lock, and remove the folders ``begin`` made if nothing was written."""
         self.lock.release()
+        for path in self.created:
+            if not path.is_dir() or any(path.iterdir()):
+                break
+            path.rmdir()
 
     @property
     def finished_ids(self) -> set[str]:

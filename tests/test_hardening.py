@@ -228,6 +228,31 @@ def test_a_full_disk_stops_with_a_clear_error_and_keeps_finished_samples(tmp_pat
     assert len(ids) == len(set(ids)) == 4
 
 
+def test_a_full_disk_while_the_summary_is_written_leaves_a_readable_run(tmp_path, monkeypatch):
+    """The second summary write fails (ENOSPC): no summary.json.tmp is left, the report reads the kept samples,
+    and the rerun completes the run."""
+    import specbench.files as files
+    from specbench.report.read import load_runs
+
+    real_replace, summaries = os.replace, []
+
+    def full_disk(source, target) -> None:
+        if str(target).endswith("summary.json"):
+            summaries.append(target)
+            if len(summaries) == 2:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        real_replace(source, target)
+
+    monkeypatch.setattr(files.os, "replace", full_disk)
+    with pytest.raises(StorageError, match="No space left on device"):
+        runner(tmp_path, "limit=3").run()
+    monkeypatch.setattr(files.os, "replace", real_replace)
+    assert not list(tmp_path.glob("*.tmp"))
+    assert load_runs([tmp_path])["n_samples"].tolist() == [2]
+    runner(tmp_path, "limit=3").run()
+    assert load_runs([tmp_path])["n_samples"].tolist() == [3]
+
+
 def test_a_read_only_folder_is_a_storage_error(tmp_path, monkeypatch):
     """A folder that cannot be written (EROFS on the first write) is refused with a way out, nothing half-done."""
     import specbench.store as store

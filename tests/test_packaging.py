@@ -167,6 +167,7 @@ def test_readme_knob_table_is_the_config():
     section = readme[readme.index("## Run settings") : readme.index("## Methods")]
     rows = dict(re.findall(r"^\| `(\w+)` \| ([^|]+) \|", section, flags=re.MULTILINE))
     assert set(rows) == set(keys)
+
     def shown(value) -> str:
         return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 

@@ -101,6 +101,14 @@ def test_prompt_longer_than_context_is_a_clear_error(tmp_path):
     assert summary["status"] == "failed" and summary["n_samples"] == 1  # the finished sample is kept
 
 
+def test_a_failure_before_the_first_sample_writes_nothing(tmp_path):
+    """An error after the model loaded but before any sample finished leaves no folder, config or summary."""
+    out = tmp_path / "deep" / "run"
+    with pytest.raises(ConfigError, match="exceeds the model's context length"):
+        run(out, "limit=1", "max_new_tokens=4", "model.context_length=64")
+    assert not any(tmp_path.iterdir())
+
+
 def test_missing_local_file_names_hub_id_and_setting(tmp_path):
     with pytest.raises(DataUnavailable, match="openai/openai_humaneval.*data_dir"):
         run(tmp_path / "out", "limit=1", "dataset.source=local", data_dir=tmp_path)

@@ -210,6 +210,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--limit", type=int, help="prompts (default: the suite's)")
     parser.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
     parser.add_argument("--rounds", type=int, help="passes over the prompts (default: the suite's, else 1)")
+    parser.add_argument(
+        "--entries",
+        nargs="+",
+        metavar="LABEL",
+        help="run only these entries of the suite (its baseline always runs too)",
+    )
     parser.add_argument("--device")
     parser.add_argument("--dtype")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help=f"results folder (default {RESULTS_DIR})")
@@ -225,15 +231,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_intermixed_args(argv)
 
 
+def chosen_entries(entries: list[Entry], labels: list[str] | None, baseline: str, suite: str) -> list[Entry]:
+    """The entries ``--entries`` names, and the baseline (all of them without the option)."""
+    if not labels:
+        return entries
+    unknown = sorted(set(labels) - {entry.label for entry in entries})
+    if unknown:
+        raise ConfigError(
+            f"--entries: {unknown} are not entries of suite {suite!r}; its entries: {[e.label for e in entries]}"
+        )
+    return [entry for entry in entries if entry.label in labels or entry.label == baseline]
+
+
 def run(args: argparse.Namespace) -> Path:
     """Run one suite end to end into a new session folder; print the report's table; return the folder."""
     suite = load_suite(args.suite)
     entries = expand_entries(suite)
+    baseline = suite.get("baseline") or entries[0].label
+    entries = chosen_entries(entries, args.entries, baseline, args.suite)
     configs = entry_configs(suite, entries, args)
     first = next(iter(configs.values()))
     device = resolve_device(first.device)
     dtype = resolve_dtype(first.dtype, device)
-    baseline = suite.get("baseline") or entries[0].label
     if baseline not in configs:
         raise ConfigError(f"benchmark suite baseline {baseline!r} is not one of its entries {list(configs)}")
     lm = load_model(first.model, device, dtype)

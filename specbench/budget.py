@@ -152,6 +152,7 @@ def generation_costs(generations: list[Generation], curve: LatencyCurve) -> Step
         [n for gen in steps for n in gen.accept_lengths or []],
         [n for gen in steps for n in gen.draft_tokens or []],
         [d for gen in steps for d in gen.draft_depth or []],
+        [w for gen in steps for w in gen.verify_tokens or []],
         [s - v for gen in steps for s, v in zip(gen.step_s or [], gen.verify_s or [], strict=True)],
         curve,
     )

@@ -101,19 +101,25 @@ def step_costs(
     accept_lengths: Sequence[int],
     draft_tokens: Sequence[int],
     draft_depth: Sequence[int | None],
+    verify_tokens: Sequence[int | None],
     outside_s: Sequence[float],
     curve: LatencyCurve,
 ) -> StepCosts:
     """Per-step lists (of one or several generations, concatenated) -> StepCosts.
 
-    A step whose drafted nodes form one chain (depth == drafted) is priced with the chain mask, as the
-    verify forward takes the causal fast path for it; any other with the tree mask.
+    Each step is priced at the rows its verify forward held (``verify_tokens``: root, drafted nodes and aux
+    rows such as LADE's window; records without it: drafted + 1). A step whose rows are one chain (no aux
+    rows, depth == drafted) is priced with the chain mask, as the forward takes the causal fast path for it;
+    any other with the tree mask.
     """
     if not accept_lengths:
         raise ValueError("no decoding steps to price (every generation stopped at its first token)")
     verify = [
-        curve.at(drafted + 1, chain=depth is None or depth == drafted)
-        for drafted, depth in zip(draft_tokens, draft_depth, strict=True)
+        curve.at(rows, chain=rows == drafted + 1 and (depth is None or depth == drafted))
+        for drafted, depth, rows in (
+            (drafted, depth, drafted + 1 if width is None else width)
+            for drafted, depth, width in zip(draft_tokens, draft_depth, verify_tokens, strict=True)
+        )
     ]
     return StepCosts(
         len(accept_lengths),

@@ -175,6 +175,7 @@ def cost_metrics(records: list[dict], curves: Sequence[LatencyCurve]) -> dict:
         [n for r in priced for n in r["accept_lengths"]],
         [n for r in priced for n in r["draft_tokens"]],
         [d for r in priced for d in (r.get("draft_depth") or [None] * len(r["draft_tokens"]))],
+        [w for r in priced for w in (r.get("verify_tokens") or [None] * len(r["draft_tokens"]))],
         [0.0] * sum(len(r["accept_lengths"]) for r in priced),
         curve,
     )

@@ -28,6 +28,7 @@ from specbench.budget import (
 )
 from specbench.core.acceptance import Sampling, sampling_problems
 from specbench.core.loop import STEP_BREAKDOWN_SETTINGS, Engine, Generation, synchronize
+from specbench.core.verify import warm_up_verify
 from specbench.data.base import Dataset, Sample, build_dataset
 from specbench.energy import joules_between, open_meter
 from specbench.engines import build_engine, check_method
@@ -303,6 +304,8 @@ class Runner:
         """
         assert self.lm is not None  # given, or loaded by open()
         if first is not None and self.cfg.warmup:
+            with torch.inference_mode():
+                warm_up_verify(self.lm.model)
             engine = build_engine(self.cfg.method, self.lm, self.sampling, self.cfg.step_breakdown)
             prompt_ids = self._prompt(first, [])
             for _ in range(self.cfg.warmup):
@@ -439,6 +442,7 @@ class Runner:
             "accept_lengths": gen.accept_lengths,
             "draft_tokens": gen.draft_tokens,
             "draft_depth": gen.draft_depth,
+            "verify_tokens": gen.verify_tokens,
             "side_branch": gen.side_branch,
             **{f"{key}_s": rounded(getattr(gen, f"{key}_s")) for key in ("step", *PHASES)},
             "energy_j": energy,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TypeGuard
 
-SCHEMA_VERSION = "specbench.samples/4"
+SCHEMA_VERSION = "specbench.samples/5"
 SUMMARY_VERSION = "specbench.summary/1"
 
 PHASES = ("draft", "verify", "accept", "update")
@@ -43,6 +43,8 @@ SAMPLE_FIELDS: dict[str, str] = {
     "draft_tokens": "drafted nodes verified per step, root excluded (null for hf_generate)",
     "draft_depth": "depth of the verified draft tree per step, after pruning to the budget; 0 when nothing was "
     "drafted (null for hf_generate)",
+    "verify_tokens": "rows of each step's verify forward: the root, the drafted nodes and any aux rows (LADE's "
+    "lookahead window); what the latency curve prices (null for hf_generate)",
     "side_branch": "per step, whether the accepted path used a child other than its parent's first-listed "
     "(top-ranked) one (null for hf_generate)",
     "step_s": "wall time per step, device synchronized at its end (null for hf_generate)",
@@ -105,18 +107,21 @@ SUMMARY_FIELDS: dict[str, str] = {
 }
 
 
-TRACED_FIELDS = ("draft_depth", "side_branch", "energy_j")
-"""The fields ``specbench.samples/4`` added."""
+WIDTH_FIELDS = ("verify_tokens",)
+"""The fields ``specbench.samples/5`` added."""
+TRACED_FIELDS = ("draft_depth", "side_branch", "energy_j", *WIDTH_FIELDS)
+"""The fields ``specbench.samples/4`` and later added."""
 ADDED_FIELDS: dict[str, tuple[str, ...]] = {
     "specbench.samples/1": ("draft_s", "accept_s", "update_s", "prompt_sha", *TRACED_FIELDS),
     "specbench.samples/2": ("prompt_sha", *TRACED_FIELDS),
     "specbench.samples/3": TRACED_FIELDS,
+    "specbench.samples/4": WIDTH_FIELDS,
 }
 """Per readable older schema: the SAMPLE_FIELDS its records lack (null when read)."""
 
 
 NUMBER_LISTS = ("step_s", "draft_s", "verify_s", "accept_s", "update_s")
-INTEGER_LISTS = ("accept_lengths", "draft_tokens", "draft_depth", "output_ids")
+INTEGER_LISTS = ("accept_lengths", "draft_tokens", "draft_depth", "verify_tokens", "output_ids")
 FIELD_TYPES: dict[str, str] = {
     "sample_id": "string",
     "turn": "count",

@@ -83,10 +83,18 @@ def test_curve_from_profile_rows_and_the_nearest_context():
 def test_steps_are_priced_with_the_mask_their_tree_takes():
     c = LatencyCurve(128, (1, 2, 4), (10.0, 12.0, 20.0), (10.0, 14.0, 30.0))
     # a chain of 3 drafted (depth 3) takes the causal path: T_chain(4); a star of 3 (depth 1): T_tree(4)
-    costs = step_costs([4, 2], [3, 3], [3, 1], [0.001, 0.003], c)
+    costs = step_costs([4, 2], [3, 3], [3, 1], [None, None], [0.001, 0.003], c)
     assert costs == StepCosts(2, 3.0, (20.0 + 30.0) / 2, pytest.approx(2.0))
     with pytest.raises(ValueError, match="no decoding steps"):
-        step_costs([], [], [], [], c)
+        step_costs([], [], [], [], [], c)
+
+
+def test_steps_are_priced_at_the_rows_their_forward_held():
+    """Aux rows (LADE's window) widen the forward and take the tree mask even under a chain of nodes."""
+    c = LatencyCurve(128, (1, 2, 4), (10.0, 12.0, 20.0), (10.0, 14.0, 30.0))
+    # a 1-node chain with 2 aux rows: 4 rows, tree mask; a 3-node chain with no aux rows: chain mask
+    costs = step_costs([2, 4], [1, 3], [1, 3], [4, 4], [0.0, 0.0], c)
+    assert costs.verify_ms == pytest.approx((30.0 + 20.0) / 2)
 
 
 def test_ideal_and_predicted_speedups_follow_their_definitions():

@@ -150,6 +150,8 @@ def test_lade_official_cap_limits_steps_to_n_minus_1(tiny):
     gen = run(tiny, drafter, repetitive_prompt(1), 48)
     assert gen.output_ids == tiny_truth(tiny, 1, 48)
     assert max(gen.accept_lengths) == 3
+    # the lookahead window rides in every verify forward: at least one level of W = 5 aux rows per step
+    assert min(rows - drafted - 1 for rows, drafted in zip(gen.verify_tokens, gen.draft_tokens, strict=True)) >= 5
     uncapped = run(
         tiny, Lade(window_size=5, ngram_size=4, guess_set_size=5, official_step_cap=False), repetitive_prompt(1), 48
     )

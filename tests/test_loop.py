@@ -98,9 +98,10 @@ def test_the_loop_traces_tree_depth_and_side_branches(tiny):
     assert gen.output_ids == truth
     assert gen.accept_lengths == [3, 3, 3, 3]  # 1 + 12 tokens: every step takes the two-token second branch
     assert gen.draft_tokens == [3, 3, 3, 3] and gen.draft_depth == [2, 2, 2, 2]
+    assert gen.verify_tokens == [4, 4, 4, 4]  # the root and three nodes, no aux rows
     assert gen.side_branch == [True, True, True, True]
     chain = ar_greedy(tiny, prompt, 5)
-    assert chain.draft_depth == [0] * 4 and chain.side_branch == [False] * 4
+    assert chain.draft_depth == [0] * 4 and chain.side_branch == [False] * 4 and chain.verify_tokens == [1] * 4
 
 
 def test_eos_stops_inside_a_multi_token_step(tiny):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specbench.core.tree import AuxBlock, DraftTree
-from specbench.core.verify import cache_length, compact_cache, forward_tree, new_cache, prefill
+from specbench.core.verify import cache_length, compact_cache, forward_tree, new_cache, prefill, warm_up_verify
 
 
 def sequential_logits(model, tokens: list[int]) -> torch.Tensor:
@@ -137,3 +137,20 @@ def test_sliding_window_caches_are_refused_clearly():
     )
     with pytest.raises(ConfigError, match="full-attention"):
         new_cache(MistralForCausalLM(config))
+
+
+def test_warm_up_runs_every_width_with_the_causal_path_and_the_tree_mask(tiny):
+    """warm_up_verify: after a 4-token prefill, a chain (no mask: the causal path) and a star (4-D mask) per width."""
+    seen = []
+
+    def spy(module, args, kwargs):
+        seen.append((kwargs["input_ids"].shape[1], kwargs.get("attention_mask") is not None))
+
+    hook = tiny.register_forward_pre_hook(spy, with_kwargs=True)
+    try:
+        with torch.inference_mode():
+            warm_up_verify(tiny, (2, 16))
+    finally:
+        hook.remove()
+    verifies = [call for call in seen if call != (4, False)]  # the prefills
+    assert verifies == [(2, False), (2, False), (16, False), (16, True)]  # a 1-child star is a chain

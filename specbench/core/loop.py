@@ -54,6 +54,7 @@ class Generation:
     accept_lengths: list[int] | None = None  # tokens emitted per step
     draft_tokens: list[int] | None = None  # drafted nodes verified per step
     draft_depth: list[int] | None = None  # depth of the verified tree per step
+    verify_tokens: list[int] | None = None  # rows of each step's verify forward (root, nodes, aux rows)
     side_branch: list[bool] | None = None  # the accepted path left the first-listed branch
     step_s: list[float] | None = None  # wall time per step
     # the step breakdown, per step (None when switched off, and for engines outside the loop):
@@ -131,6 +132,7 @@ class StepOutcome:
     emitted: list[int]  # tokens committed, before the budget and EOS clip
     drafted: int  # drafted nodes verified (root excluded)
     depth: int  # depth of the verified tree (0: nothing drafted)
+    width: int  # rows of the verify forward: root, drafted nodes and aux rows
     side_branch: bool  # the accepted path used a child other than its parent's first-listed one
 
 
@@ -141,6 +143,7 @@ class StepTrace:
     accept_lengths: list[int] = field(default_factory=list)
     draft_tokens: list[int] = field(default_factory=list)
     draft_depth: list[int] = field(default_factory=list)
+    verify_tokens: list[int] = field(default_factory=list)
     side_branch: list[bool] = field(default_factory=list)
     step_s: list[float] = field(default_factory=list)
 
@@ -149,6 +152,7 @@ class StepTrace:
         self.accept_lengths.append(kept)
         self.draft_tokens.append(step.drafted)
         self.draft_depth.append(step.depth)
+        self.verify_tokens.append(step.width)
         self.side_branch.append(step.side_branch)
         self.step_s.append(seconds)
 
@@ -261,5 +265,9 @@ class Decoder:
         clock.lap("accept")
         self.drafter.observe(ctx, tree, verified, accepted)
         return StepOutcome(
-            accepted.emitted(tree), tree.num_drafted, tree.depth, tree.leaves_first_branch(accepted.path)
+            accepted.emitted(tree),
+            tree.num_drafted,
+            tree.depth,
+            flat.input_ids.shape[1],
+            tree.leaves_first_branch(accepted.path),
         )

@@ -122,6 +122,25 @@ def forward_tree(
     return VerifyOutput(logits[:n], aux_logits, hidden)
 
 
+WARM_UP_WIDTHS = (2, 16, 64)
+"""Verify widths (rows) that ``warm_up_verify`` runs once with each mask before any step is timed."""
+
+
+def warm_up_verify(model, widths: tuple[int, ...] = WARM_UP_WIDTHS) -> None:
+    """One chain and one star verify forward per width on a throwaway cache, so the first use of multi-token
+    forwards (mask construction, attention-kernel choice) is not paid inside a timed step.
+
+    NOTE: a warm-up generation whose drafter drafts nothing (n-gram methods on a prompt without repeats)
+    runs only one-token forwards; on an H200 the first 7- and 10-token verify forwards of such runs then
+    cost 1.0-1.3 s each inside the timed run.
+    """
+    for width in widths:
+        for tree in (DraftTree.chain(0, [1] * (width - 1)), DraftTree.from_paths(0, [[t] for t in range(1, width)])):
+            cache = new_cache(model, 4 + width)
+            prefill(model, cache, torch.zeros(4, dtype=torch.long))
+            forward_tree(model, cache, tree)
+
+
 def prefill(model, cache: DynamicCache, prompt_ids: torch.Tensor) -> torch.Tensor:
     """Fill the cache with the prompt; return the last row's logits [vocab] (float32)."""
     ids = prompt_ids.to(model.device)[None]  # [1, prompt_len]

@@ -170,6 +170,7 @@ def turn_record(
         "draft_tokens": drafted,
         "draft_depth": [max(a - 1, min(d, 4)) if d else 0 for a, d in zip(lengths, drafted)],
         "side_branch": [False] * len(lengths),
+        "verify_tokens": [1 + d for d in drafted],  # root plus every drafted node, no aux rows
         "step_s": step_s,
         "verify_s": verify_s,
         **phases,

@@ -18,7 +18,7 @@ SHARED ?= $(abspath ../shared)
 export SPECBENCH_DATA_DIR ?= $(SHARED)/datasets
 export SPECBENCH_CORPUS_DIR ?= $(SHARED)/corpus/sotu_1946_2026
 
-.PHONY: install lock lock-upgrade check-latest demo test test-fast lint bench-ar bench-model-free bench-draft bench-medusa bench-eagle bench-quality bench-auto bench-figures bench-all train-draft train-medusa \
+.PHONY: install lock lock-upgrade check-latest demo test test-fast fuzz lint bench-ar bench-model-free bench-draft bench-medusa bench-eagle bench-quality bench-auto bench-figures bench-all train-draft train-medusa \
 	train-eagle profile report \
 	reproduce-tables reproduce-run reproduce-build parity parity-lade parity-venv-lade clean
 
@@ -55,6 +55,12 @@ test: install  ## the whole test suite
 
 test-fast: install  ## the tests not marked slow (no embedded model, no subprocess): a quick check while editing
 	$(PY) -m pytest -q -m "not slow"
+
+# The property tests of tests/test_fuzz.py on random input, every boundary an equal share of FUZZ_MINUTES; failing
+# examples are kept in .hypothesis/ and tried first next time. `make test` runs a few fixed examples of each.
+FUZZ_MINUTES ?= 10
+fuzz: install  ## the property tests for FUZZ_MINUTES (10): generated input at every boundary, examples tried per boundary
+	HYPOTHESIS_PROFILE=fuzz FUZZ_SECONDS=$$(( $(FUZZ_MINUTES) * 60 )) $(PY) -m pytest -q -p no:cacheprovider tests/test_fuzz.py
 
 lint: install  ## ruff (lint + format check) and mypy over the package, as CI runs them
 	$(PY) -m ruff check .

@@ -33,19 +33,20 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from specbench.cli import adopt_config_dirs, interrupted, user_errors
+from specbench.cli import ArgumentParser, adopt_config_dirs, interrupted, user_errors
 from specbench.config import add_user_config_dirs, compose_config, find_config, group_options
 from specbench.engines import check_method
 from specbench.environment import capture, dtype_name
-from specbench.errors import ConfigError
-from specbench.files import write_atomic
+from specbench.errors import ConfigError, StorageError
+from specbench.files import file_in_the_way, write_atomic
 from specbench.metrics import run_summary
 from specbench.models.loading import LoadedModel, load_model, resolve_device, resolve_dtype
 from specbench.paths import workspace
 from specbench.report.plot import save_acceptance_figure
 from specbench.report.view import format_table, table
 from specbench.runner import Runner, validate
-from specbench.schema import PHASES, SAMPLE_FIELDS, SCHEMA_VERSION
+from specbench.schema import PHASES, SAMPLE_FIELDS, SCHEMA_VERSION, is_integer, validate_record
+from specbench.settings import type_problems
 
 RESULTS_DIR = workspace() / "results" / "bench"
 
@@ -65,7 +66,7 @@ def suite_names() -> list[str]:
 
 def load_suite(name: str) -> DictConfig:
     """conf/bench/<name>.yaml (or a user's ``bench/<name>.yaml``), or a ConfigError listing the suites."""
-    path = find_config("bench", name)
+    path = find_config("bench", name) if name in suite_names() else None
     if path is None:
         raise ConfigError(f"unknown benchmark suite {name!r}; choose one of {suite_names()}")
     suite = OmegaConf.load(path)
@@ -122,7 +123,7 @@ def entry_configs(suite: DictConfig, entries: list[Entry], args: argparse.Namesp
     for key in ("max_new_tokens", "device", "dtype"):
         if getattr(args, key) is not None:
             common.append(f"{key}={getattr(args, key)}")
-    limit = args.limit or suite.get("limit")
+    limit = args.limit if args.limit is not None else suite.get("limit")
     if limit is not None:
         common.append(f"limit={limit}")
     configs = {entry.label: compose_config(*common, *entry.overrides) for entry in entries}
@@ -136,6 +137,13 @@ def entry_configs(suite: DictConfig, entries: list[Entry], args: argparse.Namesp
                 f"entry runs the same prompts on one loaded model)"
             )
     return configs
+
+
+def check_out(out: Path) -> None:
+    """A StorageError when ``--out`` is (or lies below) a regular file, before anything loads or is written."""
+    blocking = file_in_the_way(out)
+    if blocking is not None:
+        raise StorageError(f"--out {out}: {blocking} is a file, not a folder; choose another --out")
 
 
 def new_session(out: Path, suite: str, name: str) -> Path:
@@ -196,7 +204,7 @@ def run_round(runners: dict[str, Runner], bar: tqdm, round_index: int) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Command-line options; leftover ``key=value`` words are Hydra overrides for every entry."""
-    parser = argparse.ArgumentParser(prog="python -m specbench.bench", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m specbench.bench", description=__doc__.splitlines()[0])
     parser.add_argument("suite", nargs="?", help="a suite in conf/bench/ (see --list)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides applied to every entry")
     parser.add_argument("--list", action="store_true", help="list the suites and exit")
@@ -255,10 +263,11 @@ def run(args: argparse.Namespace) -> Path:
     dtype = resolve_dtype(first.dtype, device)
     if baseline not in configs:
         raise ConfigError(f"benchmark suite baseline {baseline!r} is not one of its entries {list(configs)}")
+    rounds = args.rounds if args.rounds is not None else suite.get("rounds", 1)
+    if not is_integer(rounds) or rounds < 1:
+        raise ConfigError(f"--rounds must be an integer >= 1, got {rounds!r}")
+    check_out(args.out)
     lm = load_model(first.model, device, dtype)
-    rounds = args.rounds or suite.get("rounds", 1)
-    if rounds < 1:
-        raise ConfigError(f"--rounds must be >= 1, got {rounds}")
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     session = new_session(args.out, args.suite, f"{lm.name}_{device.type}_{dtype_name(dtype)}_{stamp}")
     bar = None
@@ -290,24 +299,98 @@ def run(args: argparse.Namespace) -> Path:
 # -- the earlier single-JSON format, read once ------------------------------------------------------
 
 
+@dataclass
+class LegacyRecord:
+    """The types of one generation of the earlier single-JSON format."""
+
+    round: int
+    sample_id: str
+    new_tokens: int
+    output_ids: list[int]
+    wall_s: float
+    prefill_s: float
+    target_forwards: int
+    draft_tokens: list[int] | None
+    drafter_stats: dict
+
+
+@dataclass
+class LegacyMethod:
+    """The types of an entry's method node in the earlier format (its other keys are kept as they are)."""
+
+    name: str
+
+
+@dataclass
+class LegacyEntry:
+    """The types of one entry of the earlier format."""
+
+    overrides: list[str]
+    method: LegacyMethod
+
+
+@dataclass
+class LegacyRow:
+    """The types of one row of the earlier format's table (the baseline's speedup is 1.0)."""
+
+    label: str
+    speedup: float
+
+
+@dataclass
+class LegacyResults:
+    """The types of what the converter reads from a results file of the earlier single-JSON format."""
+
+    suite: str
+    model: str
+    dataset: str
+    prompts: int
+    max_new_tokens: int
+    temperature: float
+    environment: dict
+    rows: list[LegacyRow]
+    entries: dict[str, LegacyEntry]
+    records: dict[str, list[LegacyRecord]]
+
+
+def legacy_payload(path: Path) -> dict:
+    """A results file of the earlier format, read and checked against ``LegacyResults`` (one ConfigError)."""
+    try:
+        payload = json.loads(path.read_bytes())
+    except OSError as error:
+        raise ConfigError(f"--convert {path}: cannot read it ({error.strerror})") from None
+    except ValueError as error:
+        raise ConfigError(f"--convert {path}: not a JSON file ({error})") from None
+    problems = type_problems(payload, LegacyResults) if isinstance(payload, dict) else ["it holds no JSON object"]
+    if not problems:
+        problems = [
+            f"entry {label!r} has no records" for label in payload["entries"] if label not in payload["records"]
+        ]
+    if not problems and not any(row["speedup"] == 1.0 for row in payload["rows"]):
+        problems = ["no row has speedup 1.0 (the baseline)"]
+    if problems:
+        raise ConfigError(f"--convert {path}: not a results file of the earlier bench format: {'; '.join(problems)}")
+    return payload
+
+
 def convert(path: Path, out: Path) -> Path:
     """Write the runs of an earlier bench results file (one JSON) as run folders of a session; return it.
 
     That format kept per-generation timings, drafts and outputs but not the prompt, the decoded text,
     the per-step accept lengths, the stop reason or the dataset details: those fields are null here,
-    and every summary names the file it came from (``converted_from``).
+    and every summary names the file it came from (``converted_from``). The whole file is checked (and its
+    records by the samples schema) before anything is written.
     """
-    payload = json.loads(path.read_text())
-    session = new_session(out, payload["suite"], path.stem)
+    check_out(out)
+    payload = legacy_payload(path)
+    records = {label: legacy_records(path, label, payload["records"][label]) for label in payload["entries"]}
+    sampling = {label: legacy_sampling(path, label, entry, payload) for label, entry in payload["entries"].items()}
+    session = new_session(out, entry_folder(payload["suite"]), path.stem)
     baseline = next(row["label"] for row in payload["rows"] if row["speedup"] == 1.0)  # speedups were vs it
     for index, (label, entry) in enumerate(payload["entries"].items()):
-        records = payload["records"][label]
-        for round_index in sorted({record["round"] for record in records}):
+        for round_index, converted in records[label].items():
             folder = session / entry_folder(label) / f"r{round_index}"
             folder.mkdir(parents=True)
-            converted = [
-                legacy_record(record, f"{path.name}#{label}") for record in records if record["round"] == round_index
-            ]
             bench = {
                 "suite": payload["suite"],
                 "session": session.name,
@@ -315,13 +398,41 @@ def convert(path: Path, out: Path) -> Path:
                 "baseline": baseline,
                 "index": index,
             }
-            summary = legacy_summary(payload, entry, converted, round_index, bench, path.name)
+            summary = legacy_summary(payload, entry, converted, round_index, bench, path.name, sampling[label])
             write_atomic(folder / "samples.jsonl", "".join(json.dumps(r) + "\n" for r in converted))
             write_atomic(folder / "summary.json", json.dumps(summary, indent=2) + "\n")
             write_atomic(
                 folder / "config.yaml", OmegaConf.to_yaml({"method": entry["method"], "overrides": entry["overrides"]})
             )
     return session
+
+
+def legacy_records(path: Path, label: str, records: list[dict]) -> dict[int, list[dict]]:
+    """An entry's generations as samples.jsonl records per round, each checked by the samples schema."""
+    rounds: dict[int, list[dict]] = {}
+    for number, record in enumerate(records, 1):
+        converted = legacy_record(record, f"{path.name}#{label}")
+        try:
+            validate_record(converted)
+        except ValueError as error:
+            raise ConfigError(f"--convert {path}: entry {label!r}, record {number}: {error}") from None
+        rounds.setdefault(record["round"], []).append(converted)
+    return dict(sorted(rounds.items()))
+
+
+def legacy_sampling(path: Path, label: str, entry: dict, payload: dict) -> dict:
+    """An entry's sampling settings: its overrides', else the file's (a ConfigError when one is not a number)."""
+    overrides = dict(item.split("=", 1) for item in entry["overrides"] if "=" in item)
+    try:
+        return {
+            "temperature": float(overrides.get("temperature", payload["temperature"])),
+            "top_p": float(overrides.get("top_p", 1.0)),
+            "seed": int(overrides.get("seed", 0)),
+        }
+    except ValueError as error:
+        raise ConfigError(
+            f"--convert {path}: entry {label!r} has a sampling override that is not a number ({error})"
+        ) from None
 
 
 def legacy_record(record: dict, run_id: str) -> dict:
@@ -345,9 +456,10 @@ def legacy_record(record: dict, run_id: str) -> dict:
     return converted
 
 
-def legacy_summary(payload: dict, entry: dict, records: list[dict], round_index: int, bench: dict, source: str) -> dict:
-    """summary.json of one converted entry and round (sampling from the entry's overrides, else the suite's)."""
-    overrides = dict(item.split("=", 1) for item in entry["overrides"] if "=" in item)
+def legacy_summary(
+    payload: dict, entry: dict, records: list[dict], round_index: int, bench: dict, source: str, sampling: dict
+) -> dict:
+    """summary.json of one converted entry and round."""
     stamp = re.search(r"\d{8}T\d{6}Z", source)  # the old files were named <model>_<device>_<dtype>_<UTC time>
     when = (
         datetime.strptime(stamp.group(), "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc).isoformat(timespec="seconds")
@@ -367,11 +479,7 @@ def legacy_summary(payload: dict, entry: dict, records: list[dict], round_index:
         prompt_format=None,
         lossless=bool(method.get("lossless", True)),
         hyperparameters=method,
-        sampling={
-            "temperature": float(overrides.get("temperature", payload["temperature"])),
-            "top_p": float(overrides.get("top_p", 1.0)),
-            "seed": int(overrides.get("seed", 0)),
-        },
+        sampling=sampling,
         repeat=round_index,
         experiment=None,
         max_new_tokens=payload["max_new_tokens"],

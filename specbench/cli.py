@@ -10,6 +10,7 @@ unknown key or option fails here, in one line, before Hydra starts or a model lo
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import sys
@@ -51,6 +52,15 @@ def fail(message: str) -> NoReturn:
     """Print ``error: message`` on stderr and exit with the user-error code."""
     print(f"error: {one_line(message)}", file=sys.stderr)
     sys.exit(EXIT_USER_ERROR)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose usage errors (an unknown option, a value of the wrong type) are the one ``error:`` line
+    and exit 2 of every other user mistake, naming ``--help`` instead of printing the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``error: <prog>: message`` and exit 2."""
+        fail(f"{self.prog}: {message} (see {self.prog} --help)")
 
 
 def interrupted(stop: KeyboardInterrupt, what_is_kept: str) -> NoReturn:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,7 @@ def compose_config(*overrides: str, config_name: str = "config", hydra_node: boo
     """
     from hydra.errors import HydraException
 
+    check_group_choices(overrides)
     search_path = search_path_override()
     given = [*without_search_path(list(overrides)), *([search_path] if search_path else [])]
     try:
@@ -134,6 +136,26 @@ def compose_config(*overrides: str, config_name: str = "config", hydra_node: boo
             return compose(config_name, overrides=given, return_hydra_config=hydra_node)
     except HydraException as error:
         raise ConfigError(composition_problem(error)) from error
+
+
+def check_group_choices(overrides: Sequence[str]) -> None:
+    """A ConfigError for a config group set to something other than config names (``model=null``,
+    ``model=[1,2]``), which Hydra meets with a ValueError or TypeError; an unknown name is Hydra's to report."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except HydraException:
+        return  # a malformed override: compose reports it
+    for override in parsed:
+        group = override.key_or_group
+        if override.is_delete() or override.is_sweep_override() or group.startswith("hydra") or not is_group(group):
+            continue
+        value = override.value()
+        for choice in value if isinstance(value, list) else [value]:
+            if not isinstance(choice, str):
+                raise ConfigError(f"unknown {group} {choice!r}; choose one of {group_options(group)}")
 
 
 def composition_problem(error: Exception) -> str:

@@ -20,7 +20,6 @@ Checks (docs/adding-a-method.md#what-the-framework-checks-for-you):
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -37,7 +36,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from specbench.cli import user_errors
+from specbench.cli import ArgumentParser, user_errors
 from specbench.config import add_user_config_dirs, compose_config, group_options
 from specbench.core.acceptance import Sampling, target_probs
 from specbench.core.loop import Engine
@@ -380,9 +379,9 @@ def run_check(name: str, check: str) -> Result:
 # -- the command line ------------------------------------------------------------------------------
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser() -> ArgumentParser:
     """The command line of ``python -m specbench.conformance``."""
-    parser = argparse.ArgumentParser(prog="python -m specbench.conformance", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m specbench.conformance", description=__doc__.splitlines()[0])
     parser.add_argument("methods", nargs="*", metavar="METHOD", help="method configs (default: every one)")
     parser.add_argument("--config-dir", "-cd", dest="config_dirs", action="append", default=[], metavar="DIR")
     parser.add_argument("--checks", nargs="+", choices=CHECKS, default=list(CHECKS), help="which checks to run")

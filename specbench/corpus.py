@@ -25,7 +25,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from specbench.cli import user_errors
+from specbench.cli import ArgumentParser, user_errors
 from specbench.config import compose_config
 from specbench.errors import ConfigError, DataUnavailable, UserError
 from specbench.hub import hub_reachable
@@ -311,7 +311,7 @@ def show_command(cfg: DictConfig) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """``build`` / ``show`` plus Hydra overrides."""
-    parser = argparse.ArgumentParser(prog="python -m specbench.corpus", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m specbench.corpus", description=__doc__.splitlines()[0])
     parser.add_argument(
         "command", choices=("build", "show"), help="build: make (or load) the configured cache; show: what is cached"
     )

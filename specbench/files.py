@@ -16,6 +16,11 @@ from pathlib import Path
 from specbench.errors import RunConflict
 
 
+def file_in_the_way(folder: Path) -> Path | None:
+    """The regular file at ``folder`` or at one of its parents (no folder can be made there), if there is one."""
+    return next((path for path in (folder, *folder.parents) if path.exists() and not path.is_dir()), None)
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Replace ``path`` with ``text`` so readers never see a half-written file; a failed write (full disk) leaves
     ``path`` as it was and no temporary file behind."""

@@ -6,13 +6,12 @@ import hashlib
 import json
 import sys
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ValidationError
 from tqdm import tqdm
 
 from specbench import environment
@@ -32,11 +31,12 @@ from specbench.core.verify import warm_up_verify
 from specbench.data.base import Dataset, Sample, build_dataset
 from specbench.energy import joules_between, open_meter
 from specbench.engines import build_engine, check_method
-from specbench.errors import ConfigError, RunConflict
+from specbench.errors import ConfigError, DataError, RunConflict
 from specbench.metrics import run_summary
 from specbench.models.loading import LoadedModel, load_model, resolve_device, resolve_dtype
 from specbench.profile import cached_curves
 from specbench.schema import PHASES, SCHEMA_VERSION
+from specbench.settings import setting_problems
 from specbench.store import RunStore
 
 RUN_ONLY_KEYS = (
@@ -58,45 +58,52 @@ only steers ``budget=auto``, whose choice is stored with the run and reused when
 
 
 @dataclass
+class NamedConfig:
+    """The type of a model, method or dataset config's name (what the summary and the report call it)."""
+
+    name: str
+
+
+@dataclass
+class CalibrationSettings:
+    """The types of ``calibration.*`` (budget=auto; their ranges are checked with the budget)."""
+
+    prompts: int
+    max_new_tokens: int | None
+    remeasure: bool
+
+
+@dataclass
 class RunSettings:
-    """The types of the numeric and boolean run settings of conf/config.yaml (ranges are checked in ``validate``)."""
+    """The types of the run settings of conf/config.yaml (ranges and choices are checked in ``validate``); the
+    model, method and dataset are one config each (``model=[]`` would leave none)."""
 
-    limit: int | None = None
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
-    repeat: int = 0
-    warmup: int = 1
-    force: bool = False
-    progress: bool = True
-    debug: bool = False
-
-
-TYPE_WORDS = {"int": "an integer", "int | None": "an integer or null", "float": "a number", "bool": "true or false"}
-"""How an error names each RunSettings type."""
-
-
-def type_problems(cfg: DictConfig) -> list[str]:
-    """One line per run setting whose value is not of its RunSettings type (e.g. temperature=abc)."""
-    schema = OmegaConf.structured(RunSettings)
-    problems = []
-    for item in fields(RunSettings):
-        if item.name in cfg and not OmegaConf.is_missing(cfg, item.name):
-            try:
-                OmegaConf.merge(schema, {item.name: cfg[item.name]})
-            except ValidationError:
-                expected = TYPE_WORDS[str(item.type)]
-                problems.append(f"{item.name} must be {expected} (got {cfg[item.name]!r})")
-    return problems
+    model: NamedConfig
+    method: NamedConfig
+    dataset: NamedConfig
+    limit: int | None
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    seed: int
+    repeat: int
+    device: str
+    dtype: str
+    warmup: int
+    calibration: CalibrationSettings
+    output_dir: str
+    data_dir: str | None
+    force: bool
+    progress: bool
+    debug: bool
 
 
 def validate(cfg: DictConfig) -> None:
     """Reject impossible run knobs (wrong types first, then ranges) before anything is loaded."""
-    problems = [f"{key} must be set" for key in sorted(OmegaConf.missing_keys(cfg))] + type_problems(cfg)
+    problems = setting_problems(cfg, RunSettings)
     if problems:
         raise ConfigError("invalid run settings: " + "; ".join(problems))
-    if cfg.max_new_tokens is None or cfg.max_new_tokens < 1:
+    if cfg.max_new_tokens < 1:
         problems.append(f"max_new_tokens must be >= 1 (got {cfg.max_new_tokens})")
     if cfg.limit is not None and cfg.limit < 1:
         problems.append(f"limit must be >= 1 or null for all samples (got {cfg.limit})")
@@ -231,6 +238,11 @@ class Runner:
         self.dataset: Dataset = build_dataset(cfg.dataset, cfg.data_dir)
         self.samples = self.dataset.samples(cfg.limit)
         self.dataset_info = self.dataset.describe()
+        if not self.samples:
+            raise DataError(
+                f"dataset {self.dataset.name} has no sample to run: {self.dataset_info['n_selected']} of "
+                f"{self.dataset_info['n_total']} records selected from {self.dataset_info['source']}"
+            )
         self.energy = open_meter(self.device)
         self.environment = environment.capture(self.device, self.dtype)
         self.bench = bench

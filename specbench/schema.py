@@ -174,7 +174,7 @@ def validate_record(record: dict) -> None:
     if not isinstance(record, dict):
         raise ValueError(f"a record must be a JSON object, got {type(record).__name__}")
     schema = record.get("schema")
-    if schema != SCHEMA_VERSION and schema not in ADDED_FIELDS:
+    if schema != SCHEMA_VERSION and (not isinstance(schema, str) or schema not in ADDED_FIELDS):
         raise ValueError(f"schema {schema!r}; this reader reads {[SCHEMA_VERSION, *ADDED_FIELDS]}")
     added = ADDED_FIELDS.get(schema, ())
     missing = [name for name in SAMPLE_FIELDS if name not in record and name not in added]
@@ -185,6 +185,37 @@ def validate_record(record: dict) -> None:
     ]
     if wrong:
         raise ValueError(f"record has field(s) of the wrong type: {', '.join(wrong)}")
+    disagreeing = step_problems(record)
+    if disagreeing:
+        raise ValueError(f"record's per-step fields disagree: {'; '.join(disagreeing)}")
+
+
+STEP_FIELDS = tuple(
+    name for name, kind in FIELD_TYPES.items() if kind.startswith("optional list") and name != "output_ids"
+)
+"""The per-step traces: each one that is not null holds one entry per step."""
+TRACED_WITH = {
+    "verify_s": ("step_s",),
+    "draft_s": ("step_s", "verify_s", "accept_s", "update_s"),
+    "accept_s": ("draft_s",),
+    "update_s": ("draft_s",),
+    "accept_lengths": ("draft_tokens",),
+}
+"""A per-step trace -> the traces the metrics read beside it (measured together, so never null without it)."""
+
+
+def step_problems(record: dict) -> list[str]:
+    """What makes a record's per-step traces disagree: lists of different lengths, or a trace without the ones
+    measured with it (TRACED_WITH)."""
+    lengths = {name: len(record[name]) for name in STEP_FIELDS if record.get(name) is not None}
+    problems = [f"lengths {lengths}"] if len(set(lengths.values())) > 1 else []
+    return problems + [
+        f"{name} without {other}"
+        for name, others in TRACED_WITH.items()
+        if record.get(name) is not None
+        for other in others
+        if record.get(other) is None
+    ]
 
 
 def upgrade_record(record: dict) -> dict:

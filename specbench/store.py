@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from specbench.errors import RunConflict, StorageError
-from specbench.files import FolderLock, write_atomic
+from specbench.files import FolderLock, file_in_the_way, write_atomic
 
 SAMPLES = "samples.jsonl"
 SUMMARY = "summary.json"
@@ -55,7 +55,7 @@ class RunStore:
 
     def _load(self) -> None:
         """Read what a previous run left, checking it came from the same config (nothing is written)."""
-        blocking = next((path for path in (self.dir, *self.dir.parents) if path.exists() and not path.is_dir()), None)
+        blocking = file_in_the_way(self.dir)
         if blocking is not None:
             raise StorageError(
                 f"output_dir {self.dir}: {blocking} is a file, not a folder; choose another output_dir=... "

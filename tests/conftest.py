@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
 
 from specbench.models.loading import build_tiny_llama
 
@@ -20,6 +23,24 @@ TINY_ARCH = dict(
     intermediate_size=128,
     max_position_embeddings=512,
 )
+
+
+# Property tests (tests/test_fuzz.py). quick (`make test`): a few derandomized examples each, the same on every run;
+# fuzz (`make fuzz`, HYPOTHESIS_PROFILE=fuzz): no example limit (FUZZ_SECONDS bounds the time), random examples, and
+# the failing ones kept in .hypothesis/ and tried first next time. Commands are slow (Hydra composes configs), so no
+# deadline and no health check on slow data generation.
+SLOW_IS_FINE = [HealthCheck.too_slow, HealthCheck.data_too_large]
+settings.register_profile(
+    "quick", max_examples=3, deadline=None, derandomize=True, database=None, suppress_health_check=SLOW_IS_FINE
+)
+settings.register_profile(
+    "fuzz",
+    max_examples=10**9,
+    deadline=None,
+    database=DirectoryBasedExampleDatabase(ROOT / ".hypothesis" / "examples"),
+    suppress_health_check=SLOW_IS_FINE,
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "quick"))
 
 
 def tiny_model(vocab_size: int = 97, seed: int = 0, **arch) -> torch.nn.Module:
@@ -48,6 +69,15 @@ def shared_data() -> Path:
     if not (SHARED_DATA / "humaneval.jsonl").is_file():
         pytest.skip(f"shared datasets not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="module")
+def no_model_loads(tmp_path_factory):
+    """For a module's in-process commands (tests/commands.py): every model load stops there; a fresh cache."""
+    from tests.commands import models_stopped
+
+    with models_stopped(tmp_path_factory.mktemp("cache"), SHARED_DATA):
+        yield
 
 
 @pytest.fixture
@@ -86,3 +116,11 @@ def pytest_configure(config):
     from specbench.config import add_user_config_dirs
 
     add_user_config_dirs(config.getoption("--config-dir"))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Under ``make fuzz``: the examples tests/test_fuzz.py tried per boundary and how they ended."""
+    fuzz = sys.modules.get("tests.test_fuzz")
+    if fuzz is not None and fuzz.FUZZ_SECONDS:
+        for line in fuzz.example_counts():
+            terminalreporter.write_line(line)

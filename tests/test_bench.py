@@ -69,34 +69,44 @@ def test_rounds_are_repeats_paired_round_by_round(tmp_path, shared_data):
     assert all(row["ar_wall_s"] == ar_wall[row["repeat"]] for row in pairs.to_dict("records"))  # same round's AR
 
 
+LEGACY_RECORD = {
+    "round": 0,
+    "sample_id": "HumanEval/0",
+    "new_tokens": 3,
+    "wall_s": 0.3,
+    "prefill_s": 0.1,
+    "target_forwards": 2,
+    "draft_tokens": [0, 0],
+    "step_s": [0.1, 0.1],
+    "verify_s": [0.09, 0.09],
+    "output_ids": [5, 6, 7],
+    "drafter_stats": {},
+}
+"""One generation in the earlier single-JSON results format (the bench converts such files)."""
+LEGACY_ENTRY = {"overrides": ["method=ar"], "method": {"name": "ar", "engine": "loop", "lossless": True}}
+LEGACY_PAYLOAD = {
+    "suite": "toy",
+    "model": "m",
+    "dataset": "humaneval",
+    "prompts": 1,
+    "rounds": 1,
+    "max_new_tokens": 3,
+    "temperature": 0.0,
+    "environment": {"device_name": "cpu", "dtype": "float32"},
+    "rows": [{"label": "ar", "speedup": 1.0}],
+    "entries": {"ar": LEGACY_ENTRY},
+    "records": {"ar": [LEGACY_RECORD]},
+}
+"""A results file of that format with one entry."""
+
+
 def test_old_single_json_results_convert_to_run_folders(tmp_path):
     """A results file of the earlier format becomes a session of run folders the report reads alike."""
-    record = {
-        "round": 0,
-        "sample_id": "HumanEval/0",
-        "new_tokens": 3,
-        "wall_s": 0.3,
-        "prefill_s": 0.1,
-        "target_forwards": 2,
-        "draft_tokens": [0, 0],
-        "step_s": [0.1, 0.1],
-        "verify_s": [0.09, 0.09],
-        "output_ids": [5, 6, 7],
-        "drafter_stats": {},
-    }
-    entry = {"overrides": ["method=ar"], "method": {"name": "ar", "engine": "loop", "lossless": True}}
     payload = {
-        "suite": "toy",
-        "model": "m",
-        "dataset": "humaneval",
-        "prompts": 1,
-        "rounds": 1,
-        "max_new_tokens": 3,
-        "temperature": 0.0,
-        "environment": {"device_name": "cpu", "dtype": "float32"},
+        **LEGACY_PAYLOAD,
         "rows": [{"label": "ar", "speedup": 1.0}, {"label": "ar seed=1", "speedup": 0.9}],
-        "entries": {"ar": entry, "ar seed=1": {**entry, "overrides": ["method=ar", "seed=1"]}},
-        "records": {"ar": [record], "ar seed=1": [{**record, "wall_s": 0.6}]},
+        "entries": {"ar": LEGACY_ENTRY, "ar seed=1": {**LEGACY_ENTRY, "overrides": ["method=ar", "seed=1"]}},
+        "records": {"ar": [LEGACY_RECORD], "ar seed=1": [{**LEGACY_RECORD, "wall_s": 0.6}]},
     }
     old = tmp_path / "m_cpu_float32_20261121T144653Z.json"
     old.write_text(json.dumps(payload))

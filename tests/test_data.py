@@ -94,10 +94,11 @@ def test_chat_render_matches_apply_chat_template(embedded):
 
 @pytest.mark.parametrize("question", [5, None, ["a", "b"]])
 def test_a_prompt_that_is_not_text_is_one_data_error_before_any_model(tmp_path, question):
-    """A local copy whose question is a number, null or a list: refused when the samples are read."""
+    """A local copy whose question is a number, null or a list: refused when the file is read, naming the line and
+    the field (GSM8K declares its fields' types)."""
     (tmp_path / "gsm8k_test.jsonl").write_text(json.dumps({"question": question, "answer": "#### 3"}) + "\n")
     dataset = build_dataset(compose_config("dataset=gsm8k").dataset, str(tmp_path))
-    with pytest.raises(DataError, match=r"gsm8k_test.jsonl: record 1 \(sample 'gsm8k/0'\) gives the prompt"):
+    with pytest.raises(DataError, match=r"gsm8k_test.jsonl:1: the record's field question must be a string"):
         dataset.samples()
 
 

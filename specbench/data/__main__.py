@@ -16,7 +16,7 @@ from collections import Counter
 
 from omegaconf import DictConfig
 
-from specbench.cli import user_errors
+from specbench.cli import ArgumentParser, user_errors
 from specbench.config import compose_config, group_options
 from specbench.data.base import Dataset, Sample, build_dataset
 from specbench.errors import ConfigError, UserError
@@ -100,7 +100,7 @@ def show_dataset(name: str, limit: int, model: str, data_dir: str | None) -> Non
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The ``list`` / ``show`` command line."""
-    parser = argparse.ArgumentParser(prog="python -m specbench.data", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m specbench.data", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     list_cmd = commands.add_parser("list", help="every dataset with its count, categories and source")
     list_cmd.add_argument("--data-dir", help="folder of local JSONL copies (default: SPECBENCH_DATA_DIR)")

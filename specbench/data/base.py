@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -35,6 +35,7 @@ from specbench.data.prompts import (
 )
 from specbench.errors import ConfigError, DataError, DataUnavailable
 from specbench.hub import hub_reachable
+from specbench.settings import constructor_problems, value_problems
 
 __all__ = ["PROMPT_FORMATS", "SAMPLERS", "Dataset", "Sample", "build_dataset", "read_jsonl"]
 
@@ -50,9 +51,12 @@ class Sample:
     meta: dict = field(default_factory=dict)
 
 
-def read_jsonl(path: Path, required: Sequence[Sequence[str]] = ()) -> list[dict]:
+def read_jsonl(
+    path: Path, required: Sequence[Sequence[str]] = (), types: Mapping[str, Any] | None = None
+) -> list[dict]:
     """Records of a JSON Lines file (blank lines skipped), each checked: a JSON object holding, for every
-    entry of ``required``, at least one of its field names; a DataError names the file and line."""
+    entry of ``required``, at least one of its field names, and every field ``types`` names (when present) of its
+    type (a specbench.settings type hint); a DataError names the file, the line and the field."""
     records = []
     for number, raw in enumerate(path.read_bytes().splitlines(), 1):
         try:
@@ -60,7 +64,7 @@ def read_jsonl(path: Path, required: Sequence[Sequence[str]] = ()) -> list[dict]
         except UnicodeDecodeError as error:
             raise DataError(f"{path}:{number}: not UTF-8 text (byte {error.start}); save the file as UTF-8") from None
         if line.strip():
-            records.append(checked_record(path, number, line, required))
+            records.append(checked_record(path, number, line, required, types or {}))
     if not records:
         raise DataError(f"{path} holds no records; put the dataset's JSON Lines there or remove the file")
     return records
@@ -76,7 +80,9 @@ def checked_sample(sample: Sample, source: str | None, index: int) -> Sample:
     return sample
 
 
-def checked_record(path: Path, number: int, line: str, required: Sequence[Sequence[str]]) -> dict:
+def checked_record(
+    path: Path, number: int, line: str, required: Sequence[Sequence[str]], types: Mapping[str, Any]
+) -> dict:
     """One parsed line of a JSONL file, or a DataError saying which line is wrong and how."""
     try:
         record = json.loads(line)
@@ -90,7 +96,27 @@ def checked_record(path: Path, number: int, line: str, required: Sequence[Sequen
     missing = [" or ".join(names) for names in required if not any(name in record for name in names)]
     if missing:
         raise DataError(f"{path}:{number}: the record lacks the field(s) {missing} this dataset needs")
+    wrong = [
+        problem
+        for name, hint in types.items()
+        if name in record
+        for problem in value_problems(record[name], hint, name)
+    ]
+    if wrong:
+        raise DataError(f"{path}:{number}: the record's field {'; '.join(wrong)}; fix or remove the record")
     return record
+
+
+def check_unique_ids(chosen: list[tuple[int, Sample]], source: str | None) -> None:
+    """A DataError when two evaluated records give one sample id: resumes and the report key on it, so the two
+    would count as one sample (``chosen``: (record index, sample) pairs)."""
+    seen: set[str] = set()
+    for index, sample in chosen:
+        if sample.sample_id in seen:
+            raise DataError(
+                f"{source or 'the dataset'}: record {index + 1} repeats the id {sample.sample_id!r}; ids must be unique"
+            )
+        seen.add(sample.sample_id)
 
 
 def random_sample(pool: list[int], n_records: int, size: int, seed: int) -> list[int]:
@@ -138,7 +164,13 @@ def round_robin(samples: list[Sample]) -> list[Sample]:
 
 
 def build_dataset(dataset_cfg, data_dir: str | None) -> Dataset:
-    """Instantiate a ``conf/dataset`` node; a constructor's UserError surfaces as itself (one-line error)."""
+    """Instantiate a ``conf/dataset`` node once its settings are of the types its class's constructor declares; a
+    constructor's UserError surfaces as itself (one-line error)."""
+    from hydra.utils import get_class
+
+    problems = constructor_problems(dataset_cfg, get_class(dataset_cfg._target_), "dataset.")
+    if problems:
+        raise ConfigError("invalid dataset settings: " + "; ".join(problems))
     return instantiate_checked(dataset_cfg, data_dir=data_dir)
 
 
@@ -239,7 +271,11 @@ class Dataset:
     def samples(self, limit: int | None = None) -> list[Sample]:
         """The evaluated samples in ``order``, the first ``limit`` of them when given."""
         records = self.records()
-        chosen = [checked_sample(self.to_sample(i, records[i]), self.resolved_source, i) for i in self.selection()]
+        indexed = [
+            (i, checked_sample(self.to_sample(i, records[i]), self.resolved_source, i)) for i in self.selection()
+        ]
+        check_unique_ids(indexed, self.resolved_source)
+        chosen = [sample for _, sample in indexed]
         if self.order == "round_robin":
             chosen = round_robin(chosen)
         return chosen[:limit] if limit is not None else chosen
@@ -294,13 +330,18 @@ class Dataset:
         """The fields ``to_sample`` reads: each entry lists alternative names, one of which must be present."""
         return ()
 
+    def field_types(self) -> dict[str, Any]:
+        """The type of each field this dataset reads, checked in every local record that has it (a
+        specbench.settings type hint: ``str``, ``int``, ``list[str]``...)."""
+        return {}
+
     def _local_records(self, data_dir: Path) -> list[dict]:
         """The JSONL copy ``data_dir/local_file``, every record checked for the fields this dataset reads."""
         path = data_dir / self.local_file
         if not path.is_file():
             raise DataUnavailable(self._advice(f"{path} does not exist"))
         self.resolved_source = f"local:{path}"
-        return read_jsonl(path, self.required_fields())
+        return read_jsonl(path, self.required_fields(), self.field_types())
 
     def _hub_records(self) -> list[dict]:
         """The Hub split through ``datasets.load_dataset``, after a quick reachability probe."""

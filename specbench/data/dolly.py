@@ -20,6 +20,8 @@ Prompts:
 
 from __future__ import annotations
 
+from typing import Any
+
 from specbench.data.base import Dataset, Sample
 from specbench.errors import ConfigError
 
@@ -78,6 +80,10 @@ class Dolly(Dataset):
     def required_fields(self) -> tuple[tuple[str, ...], ...]:
         """Dolly records: instruction, context, category, response."""
         return ("instruction",), ("context",), ("category",), ("response",)
+
+    def field_types(self) -> dict[str, Any]:
+        """Every Dolly field is text."""
+        return dict.fromkeys(("instruction", "context", "category", "response"), str)
 
     def to_sample(self, index: int, record: dict) -> Sample:
         """Instruction (+ blank line + context) as the user turn; the reference response."""

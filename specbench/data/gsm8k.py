@@ -12,6 +12,7 @@ the Lookahead (PIA) README warms its trie up with the data that is not evaluated
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 from specbench.data.base import Dataset, Sample
 
@@ -36,6 +37,10 @@ class GSM8K(Dataset):
     def required_fields(self) -> tuple[tuple[str, ...], ...]:
         """GSM8K records: question and answer."""
         return ("question",), ("answer",)
+
+    def field_types(self) -> dict[str, Any]:
+        """The question and its worked answer are text."""
+        return {"question": str, "answer": str}
 
     def to_sample(self, index: int, record: dict) -> Sample:
         """The question is the only turn; the id is the row in the test split."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from specbench.data.base import Dataset, Sample
 
 
@@ -24,6 +26,10 @@ class HumanEval(Dataset):
     def required_fields(self) -> tuple[tuple[str, ...], ...]:
         """HumanEval records: task id, prompt, tests, entry point, canonical solution."""
         return ("task_id",), ("prompt",), ("test",), ("entry_point",), ("canonical_solution",)
+
+    def field_types(self) -> dict[str, Any]:
+        """Every HumanEval field is text."""
+        return dict.fromkeys(("task_id", "prompt", "test", "entry_point", "canonical_solution"), str)
 
     def to_sample(self, index: int, record: dict) -> Sample:
         return Sample(

@@ -17,6 +17,8 @@ here is your task: {text} Your code should pass these tests:\\n\\n{tests}" (one 
 
 from __future__ import annotations
 
+from typing import Any
+
 from specbench.data.base import Dataset, Sample
 from specbench.errors import ConfigError
 
@@ -54,6 +56,18 @@ class MBPP(Dataset):
     def required_fields(self) -> tuple[tuple[str, ...], ...]:
         """MBPP records (full or sanitized): task id, the problem text, tests and code."""
         return ("task_id",), ("text", "prompt"), ("test_list",), ("code",)
+
+    def field_types(self) -> dict[str, Any]:
+        """The integer task id, text problem and code, the asserts as a list of lines."""
+        return {
+            "task_id": int,
+            "text": str,
+            "prompt": str,
+            "code": str,
+            "test_list": list[str],
+            "test_setup_code": str,
+            "test_imports": list[str],
+        }
 
     def to_sample(self, index: int, record: dict) -> Sample:
         """One problem, worded as in the MBPP paper; the id is its task_id."""

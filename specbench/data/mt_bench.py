@@ -9,6 +9,8 @@ conversation that holds the model's own first answer (the runner passes it back)
 
 from __future__ import annotations
 
+from typing import Any
+
 from specbench.data.base import Dataset, Sample
 
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
@@ -30,6 +32,10 @@ class MTBench(Dataset):
     def required_fields(self) -> tuple[tuple[str, ...], ...]:
         """MT-Bench records: the turns (``turns`` or ``prompt``) and the category."""
         return ("turns", "prompt"), ("category",)
+
+    def field_types(self) -> dict[str, Any]:
+        """The turns a list of text (``turns`` or ``prompt``), an integer question id, a text category."""
+        return {"turns": list[str], "prompt": list[str], "question_id": int, "category": str}
 
     def to_sample(self, index: int, record: dict) -> Sample:
         """Normalize local (``question_id``, ``turns``) and Hub (row order, ``prompt``) records."""

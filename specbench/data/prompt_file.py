@@ -66,7 +66,6 @@ class PromptFile(Dataset):
         records = read_jsonl(self.path, ((self.prompt_field, "turns"),))
         for number, record in enumerate(records, 1):
             self._check(record, number)
-        self._check_unique_ids(records)
         return records
 
     def _text_records(self) -> list[dict]:
@@ -92,15 +91,6 @@ class PromptFile(Dataset):
         category = record.get(self.category_field)
         if category is not None and not isinstance(category, str):
             raise DataError(f"{where}: '{self.category_field}' must be a string, got {category!r}")
-
-    def _check_unique_ids(self, records: list[dict]) -> None:
-        """Sample ids key resumes and pairing: two records with one id would be counted as one."""
-        seen: set[str] = set()
-        for number, record in enumerate(records, 1):
-            sample_id = str(record.get(self.id_field, number))
-            if sample_id in seen:
-                raise DataError(f"{self.path}: record {number} repeats the id {sample_id!r}; ids must be unique")
-            seen.add(sample_id)
 
     def to_sample(self, index: int, record: dict) -> Sample:
         """One sample: id (the record's, else its line number), turns, category, reference."""

@@ -19,6 +19,8 @@ Prompts (docs/methods/anpd.md#evaluation-protocol-of-the-paper):
 
 from __future__ import annotations
 
+from typing import Any
+
 from specbench.data.base import Dataset, Sample
 from specbench.errors import ConfigError
 
@@ -69,6 +71,10 @@ class Summarization(Dataset):
     def required_fields(self) -> tuple[tuple[str, ...], ...]:
         """Summarization records: id, the article and its reference summary (field names per dataset)."""
         return ("id",), (self.document_field,), (self.summary_field,)
+
+    def field_types(self) -> dict[str, Any]:
+        """The id, the article and its summary are text."""
+        return dict.fromkeys(("id", self.document_field, self.summary_field), str)
 
     def to_sample(self, index: int, record: dict) -> Sample:
         """The instruction + document as the user turn; the reference summary; the document in meta."""

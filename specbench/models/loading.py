@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,8 +35,14 @@ class LoadedModel:
     device_map: dict[str, object] | None = None  # module -> device when model.device_map placed it, else None
 
 
+DEVICES = re.compile(r"auto|cpu|cuda(:\d+)?")
+"""The values of a ``device`` setting."""
+
+
 def resolve_device(device: str) -> torch.device:
-    """``auto`` -> cuda when available, else cpu."""
+    """``auto`` -> cuda when available, else cpu; anything but auto, cpu, cuda or cuda:N is a ConfigError."""
+    if not isinstance(device, str) or not DEVICES.fullmatch(device):
+        raise ConfigError(f"device must be auto, cpu, cuda or cuda:N (got {device!r})")
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -48,7 +55,7 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     names = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
     if dtype == "auto":
         return torch.float16 if device.type == "cuda" else torch.float32
-    if dtype not in names:
+    if not isinstance(dtype, str) or dtype not in names:
         raise ConfigError(f"dtype must be one of auto, {', '.join(names)}; got {dtype!r}")
     return names[dtype]
 

@@ -20,7 +20,6 @@ has a violation, 2 with one ``error:`` line on bad input (a sampled run, a rebui
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -30,7 +29,7 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from specbench.cli import user_errors
+from specbench.cli import ArgumentParser, user_errors
 from specbench.data.base import Dataset, Sample
 from specbench.errors import ConfigError, DataError
 from specbench.models.loading import LoadedModel, load_model, resolve_device, resolve_dtype
@@ -325,9 +324,9 @@ def report_text(result: RunCheck) -> str:
     return "\n".join(lines)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser() -> ArgumentParser:
     """The command line of ``python -m specbench.quality.teacher``."""
-    parser = argparse.ArgumentParser(prog="python -m specbench.quality.teacher", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m specbench.quality.teacher", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", metavar="RUN_DIR", type=Path, help="a greedy run folder")
     parser.add_argument(
         "--tolerance",

@@ -4,12 +4,13 @@ stored runs, with speedup against AR."""
 
 from __future__ import annotations
 
-import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
-from specbench.cli import user_errors
+from specbench.cli import ArgumentParser, user_errors
+from specbench.errors import StorageError
 from specbench.report.compare import divergences, provenance_warning
 from specbench.report.plot import save_acceptance_figure
 from specbench.report.quality import quality_table
@@ -17,9 +18,9 @@ from specbench.report.read import load
 from specbench.report.view import VIEWS, divergence_text, format_table, quality_text, report_table
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser() -> ArgumentParser:
     """The command line of ``python -m specbench.report``."""
-    parser = argparse.ArgumentParser(prog="python -m specbench.report", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m specbench.report", description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", metavar="RUN_DIR", help="run directories, or folders to search for them")
     parser.add_argument("--csv", metavar="OUT.csv", help="also write the table (full precision)")
     parser.add_argument(
@@ -53,6 +54,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+@contextmanager
+def written(option: str, path: str) -> Iterator[None]:
+    """Writing the file an option names: an OSError (no such folder, no permission) is one StorageError."""
+    try:
+        yield
+    except OSError as error:
+        raise StorageError(f"{option} {path}: cannot write it ({error.strerror or error})") from None
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Print the report table of the given runs; exit 2 with a message when they cannot be read."""
     parser = _parser()
@@ -69,11 +79,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(warning, file=sys.stderr)
     print(format_table(report))
     if args.csv:
-        report.to_csv(args.csv, index=False)
+        with user_errors(argv), written("--csv", args.csv):
+            report.to_csv(args.csv, index=False)
     if args.plot and report.empty:
         print("no figure: no run drafted, or its records carry no per-step acceptance", file=sys.stderr)
     elif args.plot:
-        print(f"wrote {save_acceptance_figure(report, Path(args.plot), 'acceptance by draft depth')}")
+        with user_errors(argv), written("--plot", args.plot):
+            print(f"wrote {save_acceptance_figure(report, Path(args.plot), 'acceptance by draft depth')}")
     if args.divergences:
         print()
         print(divergence_text(divergences(runs, samples)))

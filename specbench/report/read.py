@@ -18,6 +18,7 @@ from specbench.dependencies import dependency_label
 from specbench.errors import UserError
 from specbench.metrics import aggregate, cost_metrics
 from specbench.schema import SAMPLE_FIELDS, upgrade_record, validate_record
+from specbench.settings import type_problems
 
 PathLike = str | Path
 
@@ -138,44 +139,101 @@ def _parse_line(path: Path, number: int, line: str, is_last: bool) -> dict | Non
     return upgrade_record(record)
 
 
+@dataclass
+class SummarySampling:
+    """The types of a summary's ``sampling``."""
+
+    temperature: float
+    top_p: float
+    seed: int
+
+
+@dataclass
+class SummaryEnvironment:
+    """The types of the ``environment`` fields that identify a run's hardware (the others are shown as they are)."""
+
+    device_name: str
+    dtype: str
+
+
+@dataclass
+class SummaryBench:
+    """The types of a bench run's ``bench`` record (the suite's session, the entry and its baseline)."""
+
+    session: str = ""
+    entry: str = ""
+    baseline: str = ""
+    index: int = -1
+
+
+@dataclass
+class SummaryBudget:
+    """The types of a summary's ``budget`` record (how the method's size knob was set)."""
+
+    mode: str
+    value: int
+    predicted_speedup: float | None = None
+
+
+@dataclass
+class RunIdentity:
+    """The types of the summary.json fields the report reads (a field with a default may be absent: older runs)."""
+
+    model: str
+    method: str
+    dataset: str
+    sampling: SummarySampling
+    max_new_tokens: int
+    environment: SummaryEnvironment
+    lossless: bool
+    status: str
+    n_samples: int
+    repeat: int = 0
+    bench: SummaryBench | None = None
+    prompt_format: str | None = None
+    target: str | None = None
+    artefacts: list[str] | None = None
+    budget: SummaryBudget | None = None
+    latency_curves: list[dict] | None = None
+
+
 def _identity(run_dir: Path, summary: dict) -> dict:
-    """The identity columns of a run (what ran, on which data, how, on what hardware, in which bench session)."""
-    try:
-        sampling, environment = summary["sampling"], summary["environment"]
-        bench = summary.get("bench") or {}
-        return {
-            "run_dir": str(run_dir),
-            "model": summary["model"],
-            "method": summary["method"],
-            "dataset": summary["dataset"],
-            "temperature": sampling["temperature"],
-            "top_p": sampling["top_p"],
-            "seed": sampling["seed"],
-            "max_new_tokens": summary["max_new_tokens"],
-            "device_name": environment["device_name"],
-            "dtype": environment["dtype"],
-            "repeat": summary.get("repeat", 0),
-            "lossless": summary["lossless"],
-            "status": summary["status"],
-            "n_samples": summary["n_samples"],
-            "session": bench.get("session", ""),
-            "entry": bench.get("entry", ""),
-            "baseline_entry": bench.get("baseline", ""),
-            "entry_index": bench.get("index", -1),
-            "prompt_format": summary.get("prompt_format") or "",
-            "target": summary.get("target") or "",
-            "artefacts": ";".join(summary.get("artefacts") or []),
-            "budget": budget_label(summary.get("budget")),
-            "predicted_speedup": (summary.get("budget") or {}).get("predicted_speedup"),
-            # provenance: the code and the dependency set that measured the run (``provenance_warning``)
-            "env.git_commit": environment.get("git_commit"),
-            "env.git_dirty": environment.get("git_dirty"),
-            "env.dependencies": dependency_label(environment),
-        }
-    except KeyError as error:
-        raise ReportError(f"{run_dir}/summary.json: missing field {error}") from error
-    except (TypeError, AttributeError) as error:
-        raise ReportError(f"{run_dir}/summary.json: a field of the wrong type ({error})") from error
+    """The identity columns of a run (what ran, on which data, how, on what hardware, in which bench session),
+    once the summary's fields are of their RunIdentity types."""
+    problems = type_problems(summary, RunIdentity)
+    if problems:
+        raise ReportError(f"{run_dir}/summary.json: {'; '.join(problems)}")
+    sampling, environment = summary["sampling"], summary["environment"]
+    bench = summary.get("bench") or {}
+    return {
+        "run_dir": str(run_dir),
+        "model": summary["model"],
+        "method": summary["method"],
+        "dataset": summary["dataset"],
+        "temperature": sampling["temperature"],
+        "top_p": sampling["top_p"],
+        "seed": sampling["seed"],
+        "max_new_tokens": summary["max_new_tokens"],
+        "device_name": environment["device_name"],
+        "dtype": environment["dtype"],
+        "repeat": summary.get("repeat", 0),
+        "lossless": summary["lossless"],
+        "status": summary["status"],
+        "n_samples": summary["n_samples"],
+        "session": bench.get("session", ""),
+        "entry": bench.get("entry", ""),
+        "baseline_entry": bench.get("baseline", ""),
+        "entry_index": bench.get("index", -1),
+        "prompt_format": summary.get("prompt_format") or "",
+        "target": summary.get("target") or "",
+        "artefacts": ";".join(summary.get("artefacts") or []),
+        "budget": budget_label(summary.get("budget")),
+        "predicted_speedup": (summary.get("budget") or {}).get("predicted_speedup"),
+        # provenance: the code and the dependency set that measured the run (``provenance_warning``)
+        "env.git_commit": environment.get("git_commit"),
+        "env.git_dirty": environment.get("git_dirty"),
+        "env.dependencies": dependency_label(environment),
+    }
 
 
 def budget_label(budget: dict | None) -> str:
@@ -305,4 +363,6 @@ def load(paths: Iterable[PathLike], by: str | None = None, repeats: bool = False
         runs = merge_repeats(runs)
     if by is not None:
         runs = split_by(runs, by)
+        if not runs:
+            raise ReportError(f"--by {by}: the runs hold no records to split by it")
     return runs_frame(runs), samples_frame(runs)

@@ -15,22 +15,19 @@ Trailing Hydra overrides (``device=cuda``, ``dtype=bfloat16``, ...) go to every 
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from specbench.cli import user_errors
+from specbench.cli import ArgumentParser, user_errors
 from specbench.reproduce.plan import load_plan, run_plan, scales, select
 
 ACTIONS = ("all", "run", "build", "list")
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser() -> ArgumentParser:
     """The command line of ``python -m specbench.reproduce``."""
-    parser = argparse.ArgumentParser(
-        prog="python -m specbench.reproduce", description=__doc__.splitlines()[0].split(": ", 1)[1]
-    )
+    parser = ArgumentParser(prog="python -m specbench.reproduce", description=__doc__.splitlines()[0].split(": ", 1)[1])
     parser.add_argument("action", nargs="?", default="all", choices=ACTIONS)
     parser.add_argument("--scale", default="smoke", help=f"one of {scales()} (default smoke)")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these experiments of the plan")

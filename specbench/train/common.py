@@ -6,6 +6,7 @@ import hashlib
 import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -16,6 +17,7 @@ from specbench.errors import ConfigError
 from specbench.files import write_atomic
 from specbench.models.loading import LoadedModel, load_model, resolve_device, resolve_dtype
 from specbench.paths import cache_root
+from specbench.settings import setting_problems
 
 
 def compose_train(command: str, overrides: list[str]) -> DictConfig:
@@ -24,6 +26,68 @@ def compose_train(command: str, overrides: list[str]) -> DictConfig:
         return compose_config(*overrides, config_name=f"train/{command}")
     except ConfigError as error:
         raise ConfigError(f"invalid override for `specbench.train {command}`: {error}") from None
+
+
+@dataclass
+class ShareGPTSettings:
+    """The types of ``prompts.sharegpt.*``: where the ShareGPT seed prompts come from."""
+
+    hub_id: str
+    file: str
+
+
+@dataclass
+class PromptSettings:
+    """The types of ``prompts.*`` (conf/train/prompts.yaml): the self-distilled data every trainer uses."""
+
+    sources: list[str]
+    per_source_limit: int | None
+    max_prompts: int | None
+    shuffle_seed: int
+    max_prompt_tokens: int
+    prompt_format: str
+    system_prompt: str | None
+    sharegpt: ShareGPTSettings
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    seed: int
+    teacher_topk: int
+    batch_size: int
+
+
+@dataclass
+class OptimizerSettings:
+    """The types of the ``train.*`` keys every trainer shares (the time cap and AdamW with warm-up and clipping);
+    each trainer's schema adds its own."""
+
+    max_minutes: float | None
+    batch_size: int
+    lr: float
+    warmup_steps: int
+    weight_decay: float
+    grad_clip: float
+
+
+@dataclass
+class TrainerSettings:
+    """The types of the settings every ``specbench.train`` command shares (conf/train/<command>.yaml); each
+    command's schema adds its own nodes."""
+
+    device: str
+    dtype: str
+    data_dir: str | None
+    output_dir: str | None
+    force: bool
+    progress: bool
+    prompts: PromptSettings
+
+
+def check_types(cfg: DictConfig, schema: type, what: str) -> None:
+    """A ConfigError naming every setting of ``cfg`` that its schema refuses (``what``: e.g. 'draft training')."""
+    problems = setting_problems(cfg, schema)
+    if problems:
+        raise ConfigError(f"invalid {what} settings: " + "; ".join(problems))
 
 
 def digest(obj) -> str:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -36,7 +36,17 @@ from specbench.manifest import trained_with, write_manifest
 from specbench.paths import distilled_draft_dir
 from specbench.train.agreement import agreement_report, expected_speedup, latency_report
 from specbench.train.batches import Batch, answer_logits, check_soft_labels, collate
-from specbench.train.common import TimeBudget, compose_train, container, digest, load_target, write_json
+from specbench.train.common import (
+    OptimizerSettings,
+    TimeBudget,
+    TrainerSettings,
+    check_types,
+    compose_train,
+    container,
+    digest,
+    load_target,
+    write_json,
+)
 from specbench.train.selfdistill import SelfDistilled, data_summary, self_distilled
 from specbench.train.selfdistill import validate as validate_prompts
 
@@ -45,8 +55,38 @@ TRAINING_JSON = "training.json"
 LATENCY_CONTEXT = 256  # tokens of context for the step-latency measurement
 
 
+@dataclass
+class DraftArchitecture:
+    """The types of ``draft.*``."""
+
+    num_layers: int
+    init: str
+    train_embeddings: bool
+
+
+@dataclass
+class DraftTraining(OptimizerSettings):
+    """The types of ``train.*`` of the draft."""
+
+    steps: int
+    soft_weight: float
+    hard_weight: float
+    eval_sequences: int
+    gammas: list[int]
+    seed: int
+
+
+@dataclass
+class DraftSettings(TrainerSettings):
+    """The types of every setting of ``python -m specbench.train draft`` (conf/train/draft.yaml)."""
+
+    draft: DraftArchitecture
+    train: DraftTraining
+
+
 def validate(cfg: DictConfig) -> None:
-    """Reject impossible draft / training settings before anything is loaded."""
+    """Reject impossible draft / training settings (types first, then ranges) before anything is loaded."""
+    check_types(cfg, DraftSettings, "draft training")
     d, t = cfg.draft, cfg.train
     problems = []
     if d.num_layers < 1:

@@ -33,9 +33,10 @@ from specbench.errors import ConfigError
 from specbench.files import building
 from specbench.manifest import finished_training
 from specbench.models.eagle_heads import EagleHead, config_for_target, save_head, trained_dir
-from specbench.train.common import AMP_CHOICES
+from specbench.train.common import AMP_CHOICES, OptimizerSettings, TrainerSettings, check_types
 from specbench.train.medusa import autocast, lr_factor, seeded, split
 from specbench.train.selfdistill import SelfDistilled, data_summary, head_training
+from specbench.train.selfdistill import validate as validate_prompts
 
 INITS = ("random", "last_layer")
 
@@ -51,8 +52,42 @@ class Sequence:
     topk_logprobs: torch.Tensor  # [T - P, k] their log-probabilities
 
 
+@dataclass
+class EagleHeadSettings:
+    """The types of ``head.*``."""
+
+    num_layers: int
+    fc_bias: bool
+    init: str
+
+
+@dataclass
+class EagleTraining(OptimizerSettings):
+    """The types of ``train.*`` of the EAGLE head."""
+
+    max_steps: int
+    w_reg: float
+    w_cls: float
+    noise: float
+    amp_dtype: str | None
+    max_length: int
+    eval_sequences: int
+    eval_depth: int
+    eval_top_k: int
+    seed: int
+
+
+@dataclass
+class EagleSettings(TrainerSettings):
+    """The types of every setting of ``python -m specbench.train eagle`` (conf/train/eagle.yaml)."""
+
+    head: EagleHeadSettings
+    train: EagleTraining
+
+
 def validate(cfg) -> None:
-    """Reject impossible head / training settings with the key and its valid range."""
+    """Reject impossible head / training settings (types first, then ranges) with the key and its valid range."""
+    check_types(cfg, EagleSettings, "EAGLE training")
     head, train = cfg.head, cfg.train
     checks = [
         (head.num_layers >= 1, f"head.num_layers must be >= 1 (got {head.num_layers})"),
@@ -81,6 +116,7 @@ def validate(cfg) -> None:
     problems = [message for ok, message in checks if not ok]
     if problems:
         raise ConfigError("invalid EAGLE training settings: " + "; ".join(problems))
+    validate_prompts(cfg.prompts)
 
 
 @torch.no_grad()

@@ -32,10 +32,14 @@ from specbench.manifest import finished_training
 from specbench.models.medusa_heads import MedusaHeads, save_heads, trained_dir
 from specbench.train.common import (
     AMP_CHOICES,
+    OptimizerSettings,
     TimeBudget,
+    TrainerSettings,
     autocast_dtype,
+    check_types,
 )
 from specbench.train.selfdistill import SelfDistilled, data_summary, head_training
+from specbench.train.selfdistill import validate as validate_prompts
 
 IGNORE = -100  # label of a (position, head) whose target lies past the sequence end
 
@@ -56,8 +60,39 @@ def seeded(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+@dataclass
+class MedusaHeadSettings:
+    """The types of ``heads.*``."""
+
+    num_heads: int
+    num_layers: int
+    train_lm_head: bool
+
+
+@dataclass
+class MedusaTraining(OptimizerSettings):
+    """The types of ``train.*`` of the Medusa heads."""
+
+    max_steps: int
+    loss_decay: float
+    amp_dtype: str | None
+    max_length: int
+    eval_sequences: int
+    eval_top_k: int
+    seed: int
+
+
+@dataclass
+class MedusaSettings(TrainerSettings):
+    """The types of every setting of ``python -m specbench.train medusa`` (conf/train/medusa.yaml)."""
+
+    heads: MedusaHeadSettings
+    train: MedusaTraining
+
+
 def validate(cfg) -> None:
-    """Reject impossible head / training settings with the key and its valid range."""
+    """Reject impossible head / training settings (types first, then ranges) with the key and its valid range."""
+    check_types(cfg, MedusaSettings, "Medusa training")
     heads, train = cfg.heads, cfg.train
     checks = [
         (heads.num_heads >= 1, f"heads.num_heads (K) must be >= 1 (got {heads.num_heads})"),
@@ -81,6 +116,7 @@ def validate(cfg) -> None:
     problems = [message for ok, message in checks if not ok]
     if problems:
         raise ConfigError("invalid Medusa training settings: " + "; ".join(problems))
+    validate_prompts(cfg.prompts)
 
 
 def head_labels(ids: torch.Tensor, start: int, rows: int, num_heads: int) -> torch.Tensor:

@@ -48,7 +48,6 @@ from specbench.schema import PHASES
 
 STAND_IN_OVERRIDES: dict[str, tuple[str, ...]] = {
     "self_draft": ("+self_draft_cache=no_corpus",),  # no corpus text to build a cache from
-    "static_tree": ("method.drafter.rank_hits=[0.5,0.2,0.1,0.05]",),  # no trained draft's rank profile
 }
 """What the tiny model lacks that a method's defaults expect; every other method runs at its defaults."""
 

@@ -19,7 +19,7 @@ from specbench.core import speculative
 from specbench.core.acceptance import Sampling
 from specbench.core.loop import Decoder
 from specbench.core.rules import acceptance_rule
-from specbench.drafters.eagle import EAGLE1_TREE, Eagle, Eagle2, EagleOptTree, HeadCache
+from specbench.drafters.eagle import Eagle, Eagle2, EagleOptTree, HeadCache
 from specbench.errors import ConfigError, ModelUnavailable
 from specbench.models.eagle_heads import (
     EagleHead,
@@ -702,11 +702,6 @@ def test_train_eagle_end_to_end_tiny(training_cache, shared_data):
     assert drafter.stats()["trained_top1_by_depth"] == record["accuracy"]["top1"]
     prompt = [1, 2, 3, 4]
     assert decode(lm.model, drafter, prompt, 12).output_ids == ar_greedy(lm.model, prompt, 12).output_ids
-
-
-def test_eagle1_tree_is_the_published_25_node_tree():
-    assert len(EAGLE1_TREE) == len(set(EAGLE1_TREE)) == 25 and max(map(len, EAGLE1_TREE)) == 5
-    assert all(len(path) == 1 or path[:-1] in EAGLE1_TREE for path in EAGLE1_TREE)
 
 
 def test_head_config_follows_the_target(tiny):

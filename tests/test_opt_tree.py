@@ -14,7 +14,7 @@ from specbench.drafters.opt_tree import FixedTree, OptTree
 from specbench.drafters.spede import SpeDe
 from specbench.errors import ConfigError
 from specbench.structures.tree_builders import OptTreeBuilder
-from specbench.structures.tree_shapes import TreeShape, binary_paths, static_paths
+from specbench.structures.tree_shapes import EAGLE1_TREE, TreeShape, binary_paths, fixed_shape, static_paths
 from tests.conftest import tiny_model
 from tests.helpers import exact_joint, pearson_statistic, sampled_outputs
 
@@ -166,6 +166,23 @@ def test_tree_shapes():
         TreeShape.from_paths([[0], [1, 0]])
     with pytest.raises(ConfigError, match="ranks"):
         TreeShape.from_paths([[0], [2]])
+
+
+def test_eagle1_tree_is_the_published_25_node_tree():
+    assert len(EAGLE1_TREE) == len(set(EAGLE1_TREE)) == 25 and max(map(len, EAGLE1_TREE)) == 5
+    assert all(len(path) == 1 or path[:-1] in EAGLE1_TREE for path in EAGLE1_TREE)
+    full = fixed_shape("eagle1", nodes=None, paths=None)
+    assert len(full) - 1 == 25 and [len(full.layer(d)) for d in range(1, 6)] == [4, 8, 8, 3, 2]
+    assert fixed_shape("eagle1", nodes=30, paths=None) == full  # a budget above its size keeps the whole tree
+    cut = fixed_shape("eagle1", nodes=6, paths=None)  # its first 6 nodes: the 4 roots' children, 2 under rank 0
+    assert len(cut) - 1 == 6 and [len(cut.layer(d)) for d in (1, 2)] == [4, 2]
+
+
+def test_static_tree_is_eagle1_by_default_and_needs_no_rank_profile():
+    drafter = FixedTree(draft=OmegaConf.create({"source": "target"}))
+    assert drafter.shape == fixed_shape("eagle1", nodes=25, paths=None)
+    with pytest.raises(ConfigError, match="rank hit rates"):
+        FixedTree(shape="static", draft=OmegaConf.create({"source": "target"}))
 
 
 def test_fixed_tree_children_are_the_drafts_top_k():

@@ -40,37 +40,8 @@ from specbench.errors import ConfigError
 from specbench.models.eagle_heads import EagleHead, load_head
 from specbench.structures.tree_builders import ExpandRerankBuilder, OptTreeBuilder
 from specbench.structures.tree_rows import TreeRowMask
-from specbench.structures.tree_shapes import TreeShape, binary_paths
+from specbench.structures.tree_shapes import PUBLISHED_TREES, fixed_shape
 
-EAGLE1_TREE = (
-    (0,),
-    (1,),
-    (2,),
-    (3,),
-    (0, 0),
-    (0, 1),
-    (0, 2),
-    (1, 0),
-    (1, 1),
-    (2, 0),
-    (2, 1),
-    (3, 0),
-    (0, 0, 0),
-    (0, 0, 1),
-    (0, 0, 2),
-    (0, 1, 0),
-    (0, 1, 1),
-    (0, 2, 0),
-    (0, 2, 1),
-    (1, 0, 0),
-    (0, 0, 0, 0),
-    (0, 0, 0, 1),
-    (0, 0, 0, 2),
-    (0, 0, 0, 0, 0),
-    (0, 0, 0, 0, 1),
-)
-"""EAGLE-1's published static tree (``mc_sim_7b_63`` in the official ``choices.py``): 25 nodes, 5 deep."""
-PUBLISHED_TREES = {"eagle1": EAGLE1_TREE}
 SHAPES = (*PUBLISHED_TREES, "binary", "paths")
 
 
@@ -256,27 +227,13 @@ class EagleDrafter(Drafter):
         }
 
 
-def eagle_shape(shape: str, nodes: int | None, paths) -> TreeShape:
-    """The static tree named by the config: a published tree, a binary tree of ``nodes`` nodes, or ``paths``."""
-    knob_choice("shape", shape, SHAPES)
-    if nodes is not None:  # checked whatever the shape is: a bad value never waits unseen
-        knob_int("nodes", nodes, 1, "n")
-    if shape in PUBLISHED_TREES:
-        return TreeShape.from_paths(PUBLISHED_TREES[shape])
-    if shape == "binary":
-        return TreeShape.from_paths(binary_paths(knob_int("nodes", nodes, 1, "n")))
-    if not paths:
-        raise ConfigError("method.drafter.paths must list rank paths (e.g. [[0],[1],[0,0]]) when shape=paths")
-    return TreeShape.from_paths(paths)
-
-
 class Eagle(EagleDrafter):
     """EAGLE-1: a static tree filled by the head depth by depth (one head forward per depth with children)."""
 
     def __init__(
         self, shape: str = "eagle1", nodes: int | None = 30, paths=None, sample_children: bool = True, **settings
     ):
-        self.shape = eagle_shape(shape, nodes, paths)
+        self.shape = fixed_shape(knob_choice("shape", shape, SHAPES), nodes, paths)
         super().__init__(**settings)
         self.sample_drafts = bool(sample_children) and not self.sampling.greedy
 

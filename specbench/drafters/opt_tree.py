@@ -7,9 +7,9 @@ then the global top-n. Drafting stops when the gain in E (sum of the top-n p̂ o
 is <= threshold or the depth limit is reached; the tree verified is the top-n nodes by p̂, which
 always contains the root and is closed under parents (p̂ decreases along every path).
 
-The paper's fixed-tree baselines run on the same drafter: ``FixedTree`` fills a fixed shape (a static
-tree built from the draft's rank profile, a binary tree, or any list of rank paths) with the draft's
-top-k tokens per node (or, with ``sample_children``, draws without replacement recorded for the
+The paper's fixed-tree baselines run on the same drafter: ``FixedTree`` fills a fixed shape (EAGLE-1's
+published tree, a static tree built from the draft's rank profile, a binary tree, or any list of rank paths)
+with the draft's top-k tokens per node (or, with ``sample_children``, draws without replacement recorded for the
 ``speculative`` rule).
 """
 
@@ -26,7 +26,7 @@ from specbench.drafters.draft_model import DraftModelDrafter
 from specbench.drafters.tree_fill import fill_shape
 from specbench.errors import ConfigError
 from specbench.structures.tree_builders import OptTreeBuilder
-from specbench.structures.tree_shapes import TreeShape, binary_paths, static_paths
+from specbench.structures.tree_shapes import PUBLISHED_TREES, fixed_shape
 
 
 class LayeredTreeDrafter(DraftModelDrafter):
@@ -112,21 +112,7 @@ class OptTree(LayeredTreeDrafter):
         }
 
 
-SHAPES = ("static", "binary", "paths")
-
-
-def tree_shape(shape: str, nodes: int | None, paths, rank_hits, max_depth: int | None) -> TreeShape:
-    """The fixed shape named by the config: a static tree from a rank profile, a binary tree, or ``paths``."""
-    knob_choice("shape", shape, SHAPES)
-    if shape == "static":
-        return TreeShape.from_paths(
-            static_paths(rank_hits, knob_int("nodes", nodes, 1, "n"), knob_int("max_depth", max_depth, 1))
-        )
-    if shape == "binary":
-        return TreeShape.from_paths(binary_paths(knob_int("nodes", nodes, 1, "n")))
-    if not paths:
-        raise ConfigError("method.drafter.paths must list rank paths (e.g. [[0],[1],[0,0]]) when shape=paths")
-    return TreeShape.from_paths(paths)
+SHAPES = ("static", *PUBLISHED_TREES, "binary", "paths")
 
 
 class FixedTree(LayeredTreeDrafter):
@@ -140,7 +126,7 @@ class FixedTree(LayeredTreeDrafter):
 
     def __init__(
         self,
-        shape: str = "static",
+        shape: str = "eagle1",
         nodes: int | None = 25,
         paths=None,
         rank_hits=None,
@@ -148,7 +134,7 @@ class FixedTree(LayeredTreeDrafter):
         sample_children: bool = False,
         **draft_settings,
     ):
-        self.shape = tree_shape(shape, nodes, paths, rank_hits, max_depth)
+        self.shape = fixed_shape(knob_choice("shape", shape, SHAPES), nodes, paths, rank_hits, max_depth)
         super().__init__(**draft_settings)
         self.sample_drafts = bool(sample_children) and not self.sampling.greedy
 

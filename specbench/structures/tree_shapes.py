@@ -18,15 +18,14 @@ from specbench.errors import ConfigError
 from specbench.structures.medusa_tree import sparse_paths
 
 
-def static_paths(rank_hits: Sequence[float], nodes: int, max_depth: int) -> list[tuple[int, ...]]:
+def static_paths(rank_hits: Sequence[float] | None, nodes: int | None, max_depth: int | None) -> list[tuple[int, ...]]:
     """The ``nodes``-node tree with the highest expected acceptance when rank r is right with probability a^(r).
 
     A static heuristic tree in the spirit of EAGLE's 25-node one (the OPT-Tree paper's "EAGLE tree"
     baseline), built from the draft's measured rank profile ``rank_hits`` (the same at every depth,
     see ``specbench.train.agreement``) by Medusa's greedy sparse-tree builder.
     """
-    knob_int("nodes", nodes, 1)
-    knob_int("max_depth", max_depth, 1)
+    nodes, max_depth = knob_int("nodes", nodes, 1, "n"), knob_int("max_depth", max_depth, 1)
     if not rank_hits:
         raise ConfigError(
             "a static tree needs the draft's rank hit rates a^(r): set model.draft.rank_hits "
@@ -48,6 +47,57 @@ def binary_paths(nodes: int) -> list[tuple[int, ...]]:
         layer = [(*parent, rank) for parent in layer for rank in (0, 1)]
         paths.extend(layer[: nodes - len(paths)])
     return paths
+
+
+EAGLE1_TREE = (
+    (0,),
+    (1,),
+    (2,),
+    (3,),
+    (0, 0),
+    (0, 1),
+    (0, 2),
+    (1, 0),
+    (1, 1),
+    (2, 0),
+    (2, 1),
+    (3, 0),
+    (0, 0, 0),
+    (0, 0, 1),
+    (0, 0, 2),
+    (0, 1, 0),
+    (0, 1, 1),
+    (0, 2, 0),
+    (0, 2, 1),
+    (1, 0, 0),
+    (0, 0, 0, 0),
+    (0, 0, 0, 1),
+    (0, 0, 0, 2),
+    (0, 0, 0, 0, 0),
+    (0, 0, 0, 0, 1),
+)
+"""EAGLE-1's published static tree (``mc_sim_7b_63`` in the official ``choices.py``): 25 nodes, 5 deep."""
+PUBLISHED_TREES = {"eagle1": EAGLE1_TREE}
+"""The published static trees a ``shape`` knob can name."""
+
+
+def fixed_shape(
+    shape: str, nodes: int | None, paths, rank_hits: Sequence[float] | None = None, max_depth: int | None = None
+) -> TreeShape:
+    """The fixed tree a drafter's ``shape`` knob names: ``static`` (from the rank profile ``rank_hits``), a
+    published tree (its first ``nodes`` nodes, all when None), ``binary`` (the first ``nodes`` nodes of the
+    complete binary tree) or ``paths`` (the rank paths given)."""
+    if nodes is not None:  # checked whatever the shape is: a bad value never waits unseen
+        knob_int("nodes", nodes, 1, "n")
+    if shape == "static":
+        return TreeShape.from_paths(static_paths(rank_hits, nodes, max_depth))
+    if shape in PUBLISHED_TREES:
+        return TreeShape.from_paths(PUBLISHED_TREES[shape][:nodes])
+    if shape == "binary":
+        return TreeShape.from_paths(binary_paths(knob_int("nodes", nodes, 1, "n")))
+    if not paths:
+        raise ConfigError("method.drafter.paths must list rank paths (e.g. [[0],[1],[0,0]]) when shape=paths")
+    return TreeShape.from_paths(paths)
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,13 @@ import pytest
 from omegaconf import OmegaConf
 
 from specbench.config import compose_config
+from specbench.engines import check_method
 from specbench.errors import ConfigError
 from specbench.reproduce.coverage import job_config
 from specbench.reproduce.plan import experiment_names, load_plan, scales, select, sweep_jobs
 from specbench.reproduce.results import load_results
 from specbench.reproduce.tables import compare, paper_values, parse_setting
+from specbench.runner import validate
 from tests.conftest import ROOT
 from tests.reproduce_fixture import write_fixture_results
 
@@ -37,6 +39,21 @@ def test_every_experiment_job_composes(scale, name):
         OmegaConf.to_container(cfg.dataset, resolve=True)
         assert cfg.experiment == name
         assert str(cfg.results_root).endswith(f"experiments/{scale}")
+
+
+@pytest.mark.parametrize("name", experiment_names("paper"))
+def test_every_paper_job_builds_its_drafter(name):
+    """The paper plan's dry run: every job of the experiment (the whole sweep, not a cover) passes the run-settings
+    check and constructs its drafter (knobs validated, fixed trees laid out) without a model or weights, as the
+    runner does before anything loads; a job that cannot fails with its overrides."""
+    for job in sweep_jobs("paper", name):
+        cfg = job_config(job)
+        cfg.output_dir = "run"  # the scales' output_dir resolves only inside a Hydra run
+        try:
+            validate(cfg)
+            check_method(cfg.method)
+        except ConfigError as error:
+            pytest.fail(f"{' '.join(job)}: {error}")
 
 
 def test_plans_hold_every_experiment_of_their_scale():

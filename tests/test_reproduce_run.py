@@ -11,9 +11,10 @@ import pytest
 
 from specbench.manifest import MANIFEST
 from specbench.reproduce import parts as parts_module
+from specbench.reproduce import plan as plan_module
 from specbench.reproduce.coverage import Job, plan_jobs
-from specbench.reproduce.parts import Part, needed_parts, parts_of, train_needed
-from specbench.reproduce.plan import load_plan
+from specbench.reproduce.parts import Part, complete_experiments, needed_parts, parts_of, train_needed
+from specbench.reproduce.plan import load_plan, run_plan
 from specbench.reproduce.walltime import estimate_walltime, stored_timings, walltime_table
 
 EXPERIMENTS = ["r2_table1_code", "r3_node_budget", "r4_tree_sparse"]
@@ -85,11 +86,27 @@ def test_train_needed_runs_only_the_needed_trainers(plan_and_jobs, cache, monkey
     (plan.results_root / node_budget.folder / "summary.json").unlink()
     commands = []
     monkeypatch.setattr(parts_module, "run_child", lambda command, label: commands.append(command[2:]) or 1.0)
-    assert train_needed(plan, EXPERIMENTS) == {"train draft": 1.0}
+    assert train_needed(jobs, plan.results_root) == {"train draft": 1.0}
     assert commands == [["specbench.train", "draft", "model=smollm2_135m"]]
     store(plan.results_root, node_budget)
     commands.clear()
-    assert train_needed(plan, EXPERIMENTS) == {} and commands == []
+    assert train_needed(jobs, plan.results_root) == {} and commands == []
+
+
+def test_only_experiments_with_a_pending_job_start_a_child(plan_and_jobs, monkeypatch, capsys):
+    plan, jobs = plan_and_jobs
+    root = plan.results_root / "complete"
+    for job in jobs:
+        store(root, job)
+    sparse = next(job for job in jobs if job.method == "medusa")
+    (root / sparse.folder / "summary.json").unlink()
+    complete = complete_experiments(jobs, root)
+    assert complete == set(EXPERIMENTS) - {"r4_tree_sparse"}
+    children = []
+    monkeypatch.setattr(plan_module, "run_child", lambda command, label: children.append(label) or 1.0)
+    seconds = run_plan(replace(plan, results_root=root), EXPERIMENTS, complete=complete)
+    assert children == ["r4_tree_sparse"] and seconds == {"r4_tree_sparse": 1.0}
+    assert "r2_table1_code: every run complete" in capsys.readouterr().out
 
 
 def test_walltime_counts_each_run_folder_once_and_scales_to_the_budget(plan_and_jobs, tmp_path):

@@ -108,10 +108,17 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(list_text(plan, args.only, args.coverage, args.gpu), end="")
             return
         if args.action in ("all", "run"):
-            from specbench.reproduce.parts import train_needed
+            from specbench.reproduce.coverage import plan_jobs
+            from specbench.reproduce.parts import complete_experiments, train_needed
 
             warn_if_dirty()
-            seconds = {**train_needed(plan, args.only), **run_plan(plan, args.only, args.overrides)}
+            jobs = plan_jobs(plan, select(plan, args.only))
+            # overrides (device=, force=true, ...) change what a run is: their children decide what is complete
+            complete = set() if args.overrides else complete_experiments(jobs, plan.results_root)
+            seconds = {
+                **train_needed(jobs, plan.results_root),
+                **run_plan(plan, args.only, args.overrides, complete=complete),
+            }
             print(f"[reproduce] {len(seconds)} step(s) in {sum(seconds.values()) / 60:.1f} min")
         if args.action in ("all", "build"):
             from specbench.reproduce.build import build

@@ -6,7 +6,8 @@ draft without an explicit ``path``, heads with ``source: trained``). Only jobs t
 count: a job whose run folder holds a complete run of its configuration with at least its samples is
 done. A part whose folder holds a finished ``manifest.json`` (``specbench.manifest``) is trained
 already. So a fully stored plan trains nothing and loads no model; a plan with pending Medusa jobs
-trains the Medusa heads once (``python -m specbench.train medusa model=<model>``) before it runs.
+trains the Medusa heads once (``python -m specbench.train medusa model=<model>``) before it runs. The same test
+spares the plan a child process for each experiment whose runs are all done (``complete_experiments``).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from omegaconf import OmegaConf
 from specbench.manifest import read_manifest
 from specbench.models import eagle_heads, medusa_heads
 from specbench.paths import distilled_draft_dir
-from specbench.reproduce.coverage import Job, job_config, plan_jobs
-from specbench.reproduce.plan import Plan, run_child, select
+from specbench.reproduce.coverage import Job, job_config
+from specbench.reproduce.plan import run_child
 
 PARTS = {
     "draft": ("distilled", distilled_draft_dir),
@@ -90,9 +91,15 @@ def needed_parts(jobs: list[Job], root: Path) -> dict[Part, int]:
     return {part: counts[part] for part in sorted(counts) if not is_trained(part)}
 
 
-def train_needed(plan: Plan, only: list[str] | None = None) -> dict[str, float]:
-    """Train every part the plan's pending jobs need and nobody trained yet; seconds per part trained."""
-    needed = needed_parts(plan_jobs(plan, select(plan, only)), plan.results_root)
+def complete_experiments(jobs: list[Job], root: Path) -> set[str]:
+    """The experiments every job of which ``root`` holds complete (``is_done``): nothing for their child to run."""
+    pending = {job.experiment for job in jobs if not is_done(job, root)}
+    return {job.experiment for job in jobs} - pending
+
+
+def train_needed(jobs: list[Job], root: Path) -> dict[str, float]:
+    """Train every part the pending ``jobs`` need and nobody trained yet; seconds per part trained."""
+    needed = needed_parts(jobs, root)
     if not needed:
         print("[reproduce] no pending job needs an untrained draft or heads: nothing to train")
     return {

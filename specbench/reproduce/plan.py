@@ -12,6 +12,7 @@ import itertools
 import subprocess
 import sys
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,11 +131,21 @@ def run_child(command: list[str], label: str) -> float:
 
 
 def run_plan(
-    plan: Plan, only: list[str] | None = None, overrides: list[str] | None = None, profile: bool = True
+    plan: Plan,
+    only: list[str] | None = None,
+    overrides: list[str] | None = None,
+    profile: bool = True,
+    complete: Collection[str] = (),
 ) -> dict[str, float]:
-    """Run the selected experiments (and the latency profiles); seconds per step."""
+    """Run the selected experiments but the ``complete`` ones (every run stored: no child started), then the
+    latency profiles; seconds per step."""
     overrides = list(overrides or [])
-    seconds = {name: run_child(experiment_command(plan, name, overrides), name) for name in select(plan, only)}
+    seconds = {}
+    for name in select(plan, only):
+        if name in complete:
+            print(f"[reproduce] {name}: every run complete in {plan.results_root}, skipped", flush=True)
+        else:
+            seconds[name] = run_child(experiment_command(plan, name, overrides), name)
     if profile and not only:
         for model in plan.profile_models:
             if any((plan.profile_root / model).glob("latency_*.csv")):

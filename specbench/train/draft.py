@@ -323,7 +323,7 @@ def print_report(out_dir: Path, record: dict) -> None:
         )
         print(f"  {name:7s} agreement {report['agreement']:.3f}; tokens/step {chains}")
     print(
-        f"  rank hits a^(r) after training (model.draft.rank_hits for static_tree): "
+        f"  rank hits a^(r) after training (model.draft.rank_hits for static_tree shape=static): "
         f"{record['heldout']['after_training'].get('rank_hits')}"
     )
     latency = record["latency"]

@@ -15,6 +15,7 @@ LAYERS = [  # lowest first, as docs/design.md#layering draws them; a module belo
         (
             "specbench.errors",
             "specbench.schema",
+            "specbench.settings",
             "specbench.config",
             "specbench.cli",
             "specbench.manifest",
@@ -51,6 +52,7 @@ REPORT_IMPORTS = {
     "specbench.metrics",
     "specbench.costmodel",
     "specbench.schema",
+    "specbench.settings",
     "specbench.errors",
     "specbench.cli",
     "specbench.dependencies",

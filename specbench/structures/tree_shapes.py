@@ -87,8 +87,9 @@ def fixed_shape(
     """The fixed tree a drafter's ``shape`` knob names: ``static`` (from the rank profile ``rank_hits``), a
     published tree (its first ``nodes`` nodes, all when None), ``binary`` (the first ``nodes`` nodes of the
     complete binary tree) or ``paths`` (the rank paths given)."""
-    if nodes is not None:  # checked whatever the shape is: a bad value never waits unseen
-        knob_int("nodes", nodes, 1, "n")
+    for key, value, symbol in (("nodes", nodes, "n"), ("max_depth", max_depth, None)):
+        if value is not None:  # checked whatever the shape is: a bad value never waits unseen
+            knob_int(key, value, 1, symbol)
     if shape == "static":
         return TreeShape.from_paths(static_paths(rank_hits, nodes, max_depth))
     if shape in PUBLISHED_TREES:

@@ -67,8 +67,9 @@ lint: install  ## ruff (lint + format check) and mypy over the package, as CI ru
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 
-bench-model-free: install  ## AR, HF prompt lookup, PLD, ANPD, Lookahead, LADE, Self-Draft, SuffixDecoding, Token Recycling, SAM, REST: one process, same prompts
+bench-model-free: install  ## AR, HF prompt lookup, PLD, ANPD, Lookahead, LADE, Self-Draft, SuffixDecoding, Token Recycling, SAM, REST, Draft&Verify: code, then chat
 	$(PY) -m specbench.bench model_free
+	$(PY) -m specbench.bench model_free --dataset mt_bench
 
 bench-draft: install train-draft  ## SpeDe vs HF assisted, OPT-Tree vs binary vs static trees, then OPT-Tree sweeps
 	$(PY) -m specbench.bench draft_model

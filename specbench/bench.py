@@ -119,7 +119,8 @@ def entry_folder(label: str) -> str:
 
 def entry_configs(suite: DictConfig, entries: list[Entry], args: argparse.Namespace) -> dict[str, DictConfig]:
     """The composed run config of every entry; all must share the model, device, dtype and dataset."""
-    common = [f"model={suite.model}", f"dataset={suite.dataset}", *(suite.get("overrides") or ()), *args.overrides]
+    dataset = args.dataset or suite.dataset
+    common = [f"model={suite.model}", f"dataset={dataset}", *(suite.get("overrides") or ()), *args.overrides]
     for key in ("max_new_tokens", "device", "dtype"):
         if getattr(args, key) is not None:
             common.append(f"{key}={getattr(args, key)}")
@@ -216,6 +217,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="turn results files of the earlier single-JSON bench format into run folders",
     )
     parser.add_argument("--limit", type=int, help="prompts (default: the suite's)")
+    parser.add_argument("--dataset", help="run the suite on this dataset instead of its own (a conf/dataset name)")
     parser.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
     parser.add_argument("--rounds", type=int, help="passes over the prompts (default: the suite's, else 1)")
     parser.add_argument(

@@ -25,7 +25,7 @@ from specbench.core.verify import VerifyOutput
 from specbench.errors import ConfigError
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 
 @dataclass
@@ -37,6 +37,8 @@ class DecodeContext:
     remaining: int  # tokens still allowed by max_new_tokens (the root's successor included)
     step: int  # verify steps done so far in this generation
     generator: torch.Generator | None  # the run's seeded RNG (random pads, sampled drafts)
+    cache: DynamicCache | None = None  # the target's KV cache of tokens[:-1]: a drafter may run the target on it
+    # (self-speculation) and append rows, but must crop it back to ``position`` rows before proposing
 
     @property
     def root(self) -> int:

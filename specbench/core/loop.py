@@ -19,6 +19,7 @@ from specbench.core.acceptance import Acceptance, Sampling, accept_match, draw
 from specbench.core.drafter import DecodeContext, Drafter
 from specbench.core.tree import DraftTree
 from specbench.core.verify import (
+    cache_length,
     compact_cache,
     forward_tree,
     lay_out,
@@ -224,7 +225,7 @@ class Decoder:
             remaining = max_new_tokens - len(gen.output_ids)
             step_start = time.perf_counter()
             clock.start(step_start)
-            ctx = DecodeContext(tokens, len(prompt_ids), remaining, gen.target_forwards, generator)
+            ctx = DecodeContext(tokens, len(prompt_ids), remaining, gen.target_forwards, generator, cache)
             step = self._step(ctx, cache, clock)
             clock.lap("update")  # drafter.observe, and freeing the step's trees and logits on return
             emitted, stop = clip_emitted(step.emitted, self.eos_ids, remaining)
@@ -254,6 +255,8 @@ class Decoder:
         tree = self.drafter.propose(ctx)
         if tree.tokens[0] != ctx.root:
             raise RuntimeError(f"{type(self.drafter).__name__} proposed a tree whose root is not the last token")
+        if cache_length(cache) != ctx.position:
+            raise RuntimeError(f"{type(self.drafter).__name__} left rows of its own in the target's KV cache")
         tree = tree.pruned(ctx.remaining - 1)  # deeper nodes could never be emitted
         past_len = ctx.position
         flat = lay_out(self.model, cache, tree)

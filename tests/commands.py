@@ -26,6 +26,7 @@ import specbench.__main__ as specbench_app
 import specbench.bench
 import specbench.train.draft
 import specbench.train.eagle
+import specbench.train.hydra
 import specbench.train.medusa  # noqa: F401  (imported here, so that their load_model is replaced too)
 from specbench.cli import run_hydra_app
 from specbench.models import loading

@@ -195,11 +195,11 @@ def test_published_checkpoint_problems_are_clear(tiny, tmp_path):
 def test_hub_head_offline_fails_fast_naming_the_id_and_the_setting(tiny, tmp_path, monkeypatch):
     from huggingface_hub import constants
 
-    from specbench.models import eagle_heads
+    from specbench.models import medusa_heads
 
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(eagle_heads, "hub_reachable", lambda: False)
+    monkeypatch.setattr(medusa_heads, "hub_reachable", lambda: False)  # the loaders' shared Hub fallback
     start = time.perf_counter()
     with pytest.raises(ModelUnavailable) as caught:
         load_head(OmegaConf.create({"source": "hub", "path": "yuhuili/EAGLE-Vicuna-7B-v1.3"}), tiny, "vicuna_7b")

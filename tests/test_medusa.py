@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from specbench.core.acceptance import Sampling
 from specbench.core.loop import Decoder
 from specbench.core.rules import acceptance_rule
-from specbench.drafters.medusa import Medusa, tree_paths
+from specbench.drafters.medusa import Medusa
 from specbench.errors import ConfigError, ModelUnavailable
 from specbench.models.medusa_heads import (
     MedusaHeads,
@@ -33,6 +33,7 @@ from specbench.structures.medusa_tree import (
     published_tree,
     published_trees,
     sparse_paths,
+    tree_paths,
 )
 from tests.test_loop import ar_greedy
 

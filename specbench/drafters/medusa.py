@@ -15,80 +15,11 @@ prefill free of method-specific branches.
 from __future__ import annotations
 
 from specbench.core.acceptance import Acceptance
-from specbench.core.drafter import DecodeContext, Drafter, knob_choice
+from specbench.core.drafter import DecodeContext, Drafter
 from specbench.core.tree import DraftTree
 from specbench.core.verify import VerifyOutput
-from specbench.errors import ConfigError
 from specbench.models.medusa_heads import MedusaHeads, load_heads
-from specbench.structures.medusa_tree import (
-    TreeLayout,
-    checked_paths,
-    dense_paths,
-    expected_accepted,
-    published_tree,
-    published_trees,
-    sparse_paths,
-)
-
-TREE_KINDS = ("sparse", "dense", "choices")
-
-
-def tree_paths(
-    tree_cfg, rank_accuracy: list[list[float]] | None, num_heads: int, published: str | None = None
-) -> tuple[list, str]:
-    """The static tree's rank paths from the method's ``tree`` settings, and how they were chosen.
-
-    ``sparse`` is the greedy tree on the heads' calibration table; heads without one (the published
-    checkpoints) use the published tree their model config names (``model.medusa.tree``), cut to the
-    node budget. Heads with neither are a ConfigError naming the ways out, never a silent fallback.
-    """
-    kind = knob_choice("tree.kind", tree_cfg.get("kind", "sparse"), TREE_KINDS)
-    max_depth = tree_cfg.get("max_depth") or num_heads
-    if not 1 <= max_depth <= num_heads:
-        raise ConfigError(f"method.drafter.tree.max_depth must be in [1, {num_heads}] (the heads); got {max_depth}")
-    if kind == "dense":
-        paths, label = dense_paths(list(tree_cfg.get("sizes") or [])), "dense"
-    elif kind == "sparse":
-        budget = int(tree_cfg.get("node_budget", 63))
-        if rank_accuracy is not None:
-            paths, label = sparse_paths(rank_accuracy, budget, max_depth, tree_cfg.get("top_k")), "sparse"
-        else:
-            paths, label = published_sparse(published, budget)
-    else:
-        choices = tree_cfg.get("choices")
-        if isinstance(choices, str):  # the name of a published tree
-            paths, label = list(published_tree(choices)), f"choices:{choices}"
-        elif not choices:
-            raise ConfigError(
-                "method.drafter.tree.choices must list rank paths, e.g. [[0], [0, 0], [1]], "
-                f"or name a published tree ({', '.join(published_trees())})"
-            )
-        else:
-            paths, label = list(choices), "choices"
-    return checked_paths([path for path in paths if len(path) <= max_depth], num_heads), label
-
-
-def published_sparse(name: str | None, budget: int) -> tuple[list, str]:
-    """The first ``budget`` paths of the published tree ``name`` (its greedy order), or the way out."""
-    ways_out = (
-        "method.drafter.tree.kind=dense (the Cartesian tree of tree.sizes), method.drafter.tree.kind=choices "
-        "with method.drafter.tree.choices=<rank paths or a published tree name>, or heads that carry a "
-        "calibration table (python -m specbench.train medusa model=<name> writes one beside its heads)"
-    )
-    if not name:
-        raise ConfigError(
-            "method.drafter.tree.kind=sparse needs the heads' calibration table a_k^(i) or a published "
-            f"tree, and these heads have neither. Name a published tree with model.medusa.tree=<name> "
-            f"({', '.join(published_trees())}), or use {ways_out}"
-        )
-    paths = published_tree(name)
-    if not 1 <= budget <= len(paths):
-        raise ConfigError(
-            f"method.drafter.tree.node_budget={budget}: the published tree {name} has {len(paths)} "
-            f"nodes, and these heads carry no calibration table to grow a larger sparse tree; use a "
-            f"budget in [1, {len(paths)}] or {ways_out}"
-        )
-    return list(paths[:budget]), f"sparse:{name}" + (f"[:{budget}]" if budget < len(paths) else "")
+from specbench.structures.medusa_tree import TreeLayout, expected_accepted, tree_paths
 
 
 class Medusa(Drafter):

@@ -32,10 +32,9 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
-from specbench.errors import ConfigError, ModelUnavailable
-from specbench.hub import hub_reachable
-from specbench.manifest import TRAINING_FILE, finished_manifest, part_name, save_trained_heads
-from specbench.models.medusa_heads import CheckpointFiles, head_source, read_tensors
+from specbench.errors import ConfigError
+from specbench.manifest import TRAINING_FILE, part_name, save_trained_heads
+from specbench.models.medusa_heads import CheckpointFiles, cached_then_hub, head_source, read_tensors, trained_part
 from specbench.paths import cache_root
 
 if TYPE_CHECKING:
@@ -261,18 +260,9 @@ def _read_state(files: CheckpointFiles, cached_only: bool) -> tuple[dict | None,
 def published_head(path: str, revision: str | None, target: PreTrainedModel) -> LoadedHead:
     """A head from a Hub id or a local folder in the published layout (HF cache first, then the Hub)."""
     files = CheckpointFiles(path, revision)
-    raw, state = _read_state(files, cached_only=True)
-    if (raw is None or state is None) and not files.local:
-        if not hub_reachable():
-            raise ModelUnavailable(
-                f"EAGLE head '{path}' is not in the local Hugging Face cache and the Hub cannot be reached: "
-                f"download it where you have network (huggingface-cli download {path} --local-dir DIR) "
-                f"and run with model.eagle.path=DIR"
-            )
-        try:
-            raw, state = _read_state(files, cached_only=False)
-        except OSError as error:  # unknown or gated repo, bad revision, network failure
-            raise ModelUnavailable(f"EAGLE head '{path}' cannot be downloaded: {error}") from None
+    raw, state = cached_then_hub(
+        files, lambda cached: _read_state(files, cached), lambda found: None not in found, "EAGLE head eagle"
+    )
     if raw is None or state is None:
         raise ConfigError(f"'{path}' holds no EAGLE head (needs {CONFIG_FILE} and one of {', '.join(WEIGHT_FILES)})")
     config, fc_bias = config_from_json(raw)
@@ -295,12 +285,7 @@ def trained_head(target_name: str, target: PreTrainedModel) -> LoadedHead:
     """Our own trained head for ``target_name`` (only if its manifest says training finished), named in runs by
     its weights digest."""
     folder = trained_dir(target_name)
-    command = f"python -m specbench.train eagle model={target_name}"
-    if not folder.is_dir():
-        raise ModelUnavailable(
-            f"No trained EAGLE head for model '{target_name}' (looked in {folder}). Train it with: {command}"
-        )
-    manifest = finished_manifest(folder, "EAGLE head", command)
+    manifest = trained_part(folder, "EAGLE head", f"python -m specbench.train eagle model={target_name}", target_name)
     loaded = published_head(str(folder), None, target)
     return LoadedHead(loaded.head, part_name("eagle", folder, manifest), loaded.top1_by_depth)
 

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 from torch import nn
@@ -45,6 +46,7 @@ BUNDLED_FILES = (
 )
 BUNDLED_PREFIX = "medusa_head."
 CONFIG_FILE = "config.json"
+T = TypeVar("T")
 KEY_PATTERN = re.compile(r"^(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)$")
 
 
@@ -208,6 +210,34 @@ class CheckpointFiles:
             return None
 
 
+def cached_then_hub(files: CheckpointFiles, read: Callable[[bool], T], complete: Callable[[T], bool], what: str) -> T:
+    """``read(cached_only)`` from the local folder or HF cache first, then (when incomplete) from the Hub; offline, a
+    ModelUnavailable saying how to get the checkpoint (``what``: e.g. "Medusa heads", with its model.<key>)."""
+    found = read(True)
+    if complete(found) or files.local:
+        return found
+    name, key = what.rsplit(" ", 1)
+    if not hub_reachable():
+        raise ModelUnavailable(
+            f"{name} '{files.path}': not in the local Hugging Face cache, and the Hub cannot be reached. Download "
+            f"them where you have network (huggingface-cli download {files.path} --local-dir DIR) and run with "
+            f"model.{key}.path=DIR."
+        )
+    try:
+        return read(False)
+    except OSError as error:  # unknown or gated repo, bad revision, network failure
+        raise ModelUnavailable(f"{name} '{files.path}' cannot be downloaded: {error}") from None
+
+
+def trained_part(folder: Path, kind: str, command: str, target_name: str) -> dict:
+    """The manifest of the part ``command`` trained into ``folder``, or a ModelUnavailable saying how to train it."""
+    if not folder.is_dir():
+        raise ModelUnavailable(
+            f"No trained {kind} for model '{target_name}' (looked in {folder}). Train with: {command}"
+        )
+    return finished_manifest(folder, kind, command)
+
+
 def _read_checkpoint(files: CheckpointFiles, cached_only: bool) -> dict[str, torch.Tensor] | None:
     """The heads' state dict from a separate heads file or a bundled (Medusa-2) model; None if absent."""
     for name in WEIGHT_FILES:
@@ -232,18 +262,7 @@ def _read_checkpoint(files: CheckpointFiles, cached_only: bool) -> dict[str, tor
 def published_heads(path: str, revision: str | None, target: PreTrainedModel) -> LoadedHeads:
     """Heads from a Hub id or a local folder in FasterDecoding's format (HF cache first, then the Hub)."""
     files = CheckpointFiles(path, revision)
-    state = _read_checkpoint(files, cached_only=True)
-    if state is None and not files.local:
-        if not hub_reachable():
-            raise ModelUnavailable(
-                f"Medusa heads '{path}' are not in the local Hugging Face cache and the Hub cannot be "
-                f"reached. Download them where you have network (huggingface-cli download {path} "
-                f"--local-dir DIR) and run with model.medusa.path=DIR."
-            )
-        try:
-            state = _read_checkpoint(files, cached_only=False)
-        except OSError as error:  # unknown or gated repo, bad revision, network failure
-            raise ModelUnavailable(f"Medusa heads '{path}' cannot be downloaded: {error}") from None
+    state = cached_then_hub(files, lambda cached: _read_checkpoint(files, cached), bool, "Medusa heads medusa")
     if state is None:
         raise ConfigError(f"'{path}' holds no Medusa heads (looked for {', '.join(WEIGHT_FILES + BUNDLED_FILES)})")
     calibration = calibration_table(Path(path)) if files.local else None
@@ -266,12 +285,9 @@ def trained_heads(target_name: str, target: PreTrainedModel) -> LoadedHeads:
     calibration table saved beside them."""
     folder = trained_dir(target_name)
     weights = folder / WEIGHT_FILES[0]
-    command = f"python -m specbench.train medusa model={target_name}"
-    if not folder.is_dir():
-        raise ModelUnavailable(
-            f"No trained Medusa heads for model '{target_name}' (looked in {folder}). Train them with: {command}"
-        )
-    manifest = finished_manifest(folder, "Medusa heads", command)
+    manifest = trained_part(
+        folder, "Medusa heads", f"python -m specbench.train medusa model={target_name}", target_name
+    )
     heads = heads_from_state(read_tensors(weights), target)
     return LoadedHeads(heads, str(folder), calibration_table(folder), part_name("medusa", folder, manifest))
 

@@ -83,6 +83,25 @@ class TrainerSettings:
     prompts: PromptSettings
 
 
+def head_training_checks(train) -> list[tuple[bool, str]]:
+    """(holds, message) for the ``train.*`` keys the head trainers (Medusa, EAGLE, Hydra) share."""
+    return [
+        (train.max_steps >= 1, f"train.max_steps must be >= 1 (got {train.max_steps})"),
+        (
+            train.max_minutes is None or train.max_minutes > 0,
+            f"train.max_minutes must be > 0 or null (got {train.max_minutes})",
+        ),
+        (train.batch_size >= 1, f"train.batch_size must be >= 1 (got {train.batch_size})"),
+        (train.lr > 0, f"train.lr must be > 0 (got {train.lr})"),
+        (train.eval_sequences >= 1, f"train.eval_sequences must be >= 1 (got {train.eval_sequences})"),
+        (train.eval_top_k >= 1, f"train.eval_top_k must be >= 1 (got {train.eval_top_k})"),
+        (
+            train.amp_dtype in AMP_CHOICES,
+            f"train.amp_dtype must be auto, null, bfloat16 or float16 (got {train.amp_dtype})",
+        ),
+    ]
+
+
 def check_types(cfg: DictConfig, schema: type, what: str) -> None:
     """A ConfigError naming every setting of ``cfg`` that its schema refuses (``what``: e.g. 'draft training')."""
     problems = setting_problems(cfg, schema)

@@ -33,7 +33,7 @@ from specbench.errors import ConfigError
 from specbench.files import building
 from specbench.manifest import finished_training
 from specbench.models.eagle_heads import EagleHead, config_for_target, save_head, trained_dir
-from specbench.train.common import AMP_CHOICES, OptimizerSettings, TrainerSettings, check_types
+from specbench.train.common import OptimizerSettings, TrainerSettings, check_types, head_training_checks
 from specbench.train.medusa import autocast, lr_factor, seeded, split
 from specbench.train.selfdistill import SelfDistilled, data_summary, head_training
 from specbench.train.selfdistill import validate as validate_prompts
@@ -92,26 +92,14 @@ def validate(cfg) -> None:
     checks = [
         (head.num_layers >= 1, f"head.num_layers must be >= 1 (got {head.num_layers})"),
         (head.init in INITS, f"head.init must be one of {INITS} (got {head.init!r})"),
-        (train.max_steps >= 1, f"train.max_steps must be >= 1 (got {train.max_steps})"),
-        (
-            train.max_minutes is None or train.max_minutes > 0,
-            f"train.max_minutes must be > 0 or null (got {train.max_minutes})",
-        ),
-        (train.batch_size >= 1, f"train.batch_size must be >= 1 (got {train.batch_size})"),
-        (train.lr > 0, f"train.lr must be > 0 (got {train.lr})"),
         (
             train.w_reg >= 0 and train.w_cls >= 0 and train.w_reg + train.w_cls > 0,
             f"train.w_reg and train.w_cls must be >= 0, not both 0 (got {train.w_reg}, {train.w_cls})",
         ),
         (train.noise >= 0, f"train.noise must be >= 0 (got {train.noise})"),
-        (train.eval_sequences >= 1, f"train.eval_sequences must be >= 1 (got {train.eval_sequences})"),
         (train.eval_depth >= 1, f"train.eval_depth must be >= 1 (got {train.eval_depth})"),
-        (train.eval_top_k >= 1, f"train.eval_top_k must be >= 1 (got {train.eval_top_k})"),
         (train.max_length >= 4, f"train.max_length must be >= 4 (got {train.max_length})"),
-        (
-            train.amp_dtype in AMP_CHOICES,
-            f"train.amp_dtype must be auto, null, bfloat16 or float16 (got {train.amp_dtype})",
-        ),
+        *head_training_checks(train),
     ]
     problems = [message for ok, message in checks if not ok]
     if problems:

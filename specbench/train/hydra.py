@@ -28,7 +28,7 @@ from specbench.errors import ConfigError
 from specbench.files import building
 from specbench.manifest import finished_training
 from specbench.models.hydra_heads import ARCHS, HydraHeads, heads_for, save_hydra, trained_dir
-from specbench.train.common import AMP_CHOICES, OptimizerSettings, TimeBudget, TrainerSettings, check_types
+from specbench.train.common import OptimizerSettings, TimeBudget, TrainerSettings, check_types, head_training_checks
 from specbench.train.eagle import Sequence, extract_features
 from specbench.train.medusa import autocast, lr_factor, seeded, split
 from specbench.train.selfdistill import data_summary, head_training
@@ -74,22 +74,10 @@ def validate(cfg) -> None:
         (heads.num_heads >= 1, f"heads.num_heads must be >= 1 (got {heads.num_heads})"),
         (heads.num_layers >= 1, f"heads.num_layers must be >= 1 (got {heads.num_layers})"),
         (heads.arch in ARCHS, f"heads.arch must be one of {list(ARCHS)} (got {heads.arch!r})"),
-        (train.max_steps >= 1, f"train.max_steps must be >= 1 (got {train.max_steps})"),
-        (
-            train.max_minutes is None or train.max_minutes > 0,
-            f"train.max_minutes must be > 0 or null (got {train.max_minutes})",
-        ),
-        (train.batch_size >= 1, f"train.batch_size must be >= 1 (got {train.batch_size})"),
         (train.rows_per_head >= 1, f"train.rows_per_head must be >= 1 (got {train.rows_per_head})"),
         (0 <= train.dropout < 1, f"train.dropout must be in [0, 1) (got {train.dropout})"),
-        (train.lr > 0, f"train.lr must be > 0 (got {train.lr})"),
-        (train.eval_sequences >= 1, f"train.eval_sequences must be >= 1 (got {train.eval_sequences})"),
-        (train.eval_top_k >= 1, f"train.eval_top_k must be >= 1 (got {train.eval_top_k})"),
         (train.max_length >= 4, f"train.max_length must be >= 4 (got {train.max_length})"),
-        (
-            train.amp_dtype in AMP_CHOICES,
-            f"train.amp_dtype must be auto, null, bfloat16 or float16 (got {train.amp_dtype})",
-        ),
+        *head_training_checks(train),
     ]
     problems = [message for ok, message in checks if not ok]
     if problems:

@@ -31,12 +31,12 @@ from specbench.files import building
 from specbench.manifest import finished_training
 from specbench.models.medusa_heads import MedusaHeads, save_heads, trained_dir
 from specbench.train.common import (
-    AMP_CHOICES,
     OptimizerSettings,
     TimeBudget,
     TrainerSettings,
     autocast_dtype,
     check_types,
+    head_training_checks,
 )
 from specbench.train.selfdistill import SelfDistilled, data_summary, head_training
 from specbench.train.selfdistill import validate as validate_prompts
@@ -97,21 +97,9 @@ def validate(cfg) -> None:
     checks = [
         (heads.num_heads >= 1, f"heads.num_heads (K) must be >= 1 (got {heads.num_heads})"),
         (heads.num_layers >= 1, f"heads.num_layers must be >= 1 (got {heads.num_layers})"),
-        (train.max_steps >= 1, f"train.max_steps must be >= 1 (got {train.max_steps})"),
-        (
-            train.max_minutes is None or train.max_minutes > 0,
-            f"train.max_minutes must be > 0 or null (got {train.max_minutes})",
-        ),
-        (train.batch_size >= 1, f"train.batch_size must be >= 1 (got {train.batch_size})"),
-        (train.lr > 0, f"train.lr must be > 0 (got {train.lr})"),
         (0 < train.loss_decay <= 1, f"train.loss_decay (lambda) must be in (0, 1] (got {train.loss_decay})"),
-        (train.eval_sequences >= 1, f"train.eval_sequences must be >= 1 (got {train.eval_sequences})"),
-        (train.eval_top_k >= 1, f"train.eval_top_k must be >= 1 (got {train.eval_top_k})"),
         (train.max_length >= 3, f"train.max_length must be >= 3 (got {train.max_length})"),
-        (
-            train.amp_dtype in AMP_CHOICES,
-            f"train.amp_dtype must be auto, null, bfloat16 or float16 (got {train.amp_dtype})",
-        ),
+        *head_training_checks(train),
     ]
     problems = [message for ok, message in checks if not ok]
     if problems:

@@ -19,7 +19,7 @@ export SPECBENCH_DATA_DIR ?= $(SHARED)/datasets
 export SPECBENCH_CORPUS_DIR ?= $(SHARED)/corpus/sotu_1946_2026
 
 .PHONY: install lock lock-upgrade check-latest demo test test-fast fuzz lint bench-ar bench-model-free bench-draft bench-medusa bench-eagle bench-quality bench-auto bench-figures bench-all train-draft train-medusa \
-	train-hydra train-eagle profile report \
+	train-hydra train-eagle train-eagle3 profile report \
 	reproduce-tables reproduce-run reproduce-build parity parity-lade parity-venv-lade clean
 
 SCALE ?= smoke
@@ -79,8 +79,9 @@ bench-medusa: install train-medusa  ## AR vs Medusa (trained heads), then tree-s
 	$(PY) -m specbench.bench medusa
 	$(PY) -m specbench.bench medusa_sweep
 
-bench-eagle: install train-draft train-medusa train-hydra train-eagle  ## AR, Medusa, Hydra, OPT-Tree, EAGLE, EAGLE-2, OPT-Tree over EAGLE at 25 nodes
+bench-eagle: install train-draft train-medusa train-hydra train-eagle train-eagle3  ## AR, Medusa, Hydra, OPT-Tree, EAGLE, EAGLE-2, EAGLE-3, OPT-Tree over EAGLE at 25 nodes
 	$(PY) -m specbench.bench eagle
+	$(PY) -m specbench.bench eagle --dataset mt_bench
 
 bench-quality: install train-medusa  ## at T=0.7: AR, lossy and lossless Medusa, PLD; pass@1 and ROUGE beside AR
 	$(PY) -m specbench.bench quality
@@ -104,6 +105,9 @@ train-hydra: install  ## train the embedded model's Hydra heads once (cached in 
 
 train-eagle: install  ## train the embedded model's EAGLE head once (cached in $SPECBENCH_CACHE)
 	$(PY) -m specbench.train eagle model=smollm2_135m
+
+train-eagle3: install  ## train the embedded model's EAGLE-3 head once (cached in $SPECBENCH_CACHE)
+	$(PY) -m specbench.train eagle3 model=smollm2_135m
 
 bench-auto: install train-draft train-medusa train-eagle  ## every method with a size knob: paper budget vs budget=auto vs AR
 	$(PY) -m specbench.bench hardware_aware

@@ -134,7 +134,7 @@ def without_locations(node, path: str = ""):
     }
 
 
-METHOD_INPUT_KEYS = ("eagle", "hydra", "layer_skip")
+METHOD_INPUT_KEYS = ("eagle", "eagle3", "hydra", "layer_skip")
 """Nodes of the model config that only a method's drafter reads, through an interpolation in the method node
 (``method.drafter.head: ${model.eagle}``): they enter the digest there, resolved, and are left out of the
 model node, so adding one to a model config keeps the digests of every other method's stored runs."""
@@ -154,7 +154,7 @@ def config_digest(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> 
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
-PART_NODES = ("draft", "medusa", "eagle", "hydra", "layer_skip")
+PART_NODES = ("draft", "medusa", "eagle", "eagle3", "hydra", "layer_skip")
 """Nodes of the model config that name a method's parts (drafts, heads), not the target itself."""
 
 

@@ -19,7 +19,7 @@ from specbench.core import speculative
 from specbench.core.acceptance import Sampling
 from specbench.core.loop import Decoder
 from specbench.core.rules import acceptance_rule
-from specbench.drafters.eagle import Eagle, Eagle2, EagleOptTree, HeadCache
+from specbench.drafters.eagle import Eagle, Eagle2, Eagle3, EagleOptTree, HeadCache
 from specbench.errors import ConfigError, ModelUnavailable
 from specbench.models.eagle_heads import (
     EagleHead,
@@ -569,6 +569,13 @@ SAMPLED = {  # name -> (drafter, acceptance rule, negative control)
     "eagle_sampled": (lambda h: Eagle(head=h, shape="binary", nodes=6, temperature=TEMP), "speculative", "draws"),
     "eagle2": (
         lambda h: Eagle2(head=h, top_k=2, depth=2, total_tokens=6, temperature=TEMP),
+        "speculative",
+        "keep_token",
+    ),
+    "eagle3": (  # the one-layer target: fuse embeddings, embeddings, last
+        lambda h: Eagle3(
+            head=OmegaConf.merge(h, {"layers": [0, 0, 1]}), top_k=2, depth=2, total_tokens=6, temperature=TEMP
+        ),
         "speculative",
         "keep_token",
     ),

@@ -640,7 +640,7 @@ def test_any_old_results_file_is_converted_or_one_error_line(content, out):
         feed("bench: --convert", bench.main, ["--convert", "old.json", "--out", out], workspace)
 
 
-TRAINERS = ("draft", "medusa", "eagle", "hydra")
+TRAINERS = ("draft", "medusa", "eagle", "eagle3", "hydra")
 
 
 def trainer_settings_of(command: str) -> dict[str, str]:
@@ -660,7 +660,7 @@ trainer_settings = st.sampled_from(TRAINERS).flatmap(
 @example(("medusa", {"heads.num_heads": "[1]"}))  # found: TypeError
 @example(("eagle", {"prompts.max_prompts": "abc"}))  # found by reading: prompts.* of medusa/eagle went unchecked
 def test_any_trainer_setting_is_trained_or_one_error_line(command_and_settings):
-    """``python -m specbench.train draft|medusa|eagle|hydra``: every setting of the trainers at generated values."""
+    """``python -m specbench.train draft|medusa|eagle|eagle3|hydra``: every trainer setting at generated values."""
     command, settings = command_and_settings
     with one_example() as workspace:
         taken_file(workspace)

@@ -64,7 +64,7 @@ def test_the_drafter_recycles_every_verified_row_not_only_the_accepted_path(tiny
         root = int(prefill(tiny, cache, torch.tensor(prompt)).argmax())
         ctx = DecodeContext([*prompt, root], len(prompt), 50, 0, None)
         tree = drafter.propose(ctx)
-        verified = forward_tree(tiny, cache, tree, False, lay_out(tiny, cache, tree))
+        verified = forward_tree(tiny, cache, tree, (), lay_out(tiny, cache, tree))
         accepted = accept_match(tree, verified.logits, Sampling())
         drafter.observe(ctx, tree, verified, accepted)
     assert len(set(tree.tokens)) > len(accepted.path) + 1  # rows off the accepted path exist

@@ -116,9 +116,24 @@ def test_hidden_states_are_the_lm_head_inputs(tiny):
     with torch.inference_mode():
         cache = new_cache(tiny)
         prefill(tiny, cache, torch.tensor([1, 2]))
-        out = forward_tree(tiny, cache, tree, want_hidden=True)
+        out = forward_tree(tiny, cache, tree, hidden_layers=(-1,))
         assert out.hidden.shape == (len(tree), tiny.config.hidden_size)
         torch.testing.assert_close(tiny.lm_head(out.hidden).float(), out.logits)
+
+
+def test_hidden_layers_come_back_concatenated_in_the_asked_order(tiny):
+    """Several layers (EAGLE-3's fused features): each block equals that layer's rows of one plain forward."""
+    prompt, chain = [1, 2, 3], [4, 5, 6]
+    layers = (2, 0, 1)  # any order: the blocks follow it
+    with torch.inference_mode():
+        cache = new_cache(tiny)
+        prefill(tiny, cache, torch.tensor(prompt))
+        out = forward_tree(tiny, cache, DraftTree.chain(chain[0], chain[1:]), hidden_layers=layers)
+        plain = tiny(input_ids=torch.tensor([prompt + chain]), output_hidden_states=True).hidden_states
+    hidden = tiny.config.hidden_size
+    assert out.hidden.shape == (len(chain), len(layers) * hidden)
+    for block, layer in enumerate(layers):
+        torch.testing.assert_close(out.hidden[:, block * hidden : (block + 1) * hidden], plain[layer][0, 3:])
 
 
 def test_sliding_window_caches_are_refused_clearly():

@@ -112,12 +112,13 @@ class Drafter:
     """Proposes a DraftTree each step and learns from what the target accepted.
 
     Subclasses override ``propose`` (and usually ``reset``/``observe``/``stats``) and call
-    ``super().__init__()``. ``wants_hidden`` declares that ``observe`` needs the last hidden states of
-    the tree rows (Medusa heads), and ``observe_prompt`` those of the prompt rows (EAGLE); aux-row logits
-    arrive whenever the proposed tree carries an aux block.
+    ``super().__init__()``. ``hidden_layers`` names the target's hidden states ``observe`` needs at the tree
+    rows and ``observe_prompt`` at the prompt rows (indices into the model's hidden-states tuple, -1 = the last,
+    after the final norm: Medusa, EAGLE; three layers for EAGLE-3, set in ``setup`` from the target's depth);
+    aux-row logits arrive whenever the proposed tree carries an aux block.
     """
 
-    wants_hidden: ClassVar[bool] = False
+    hidden_layers: tuple[int, ...] = ()
     COUNTERS: ClassVar[tuple[str, ...]] = ()
     """The per-generation counters this drafter keeps in its books."""
 
@@ -144,8 +145,9 @@ class Drafter:
         """The prefill's logits at the ``prefill_tail`` tokens ([tail_len, vocab], float32)."""
 
     def observe_prompt(self, hidden: torch.Tensor) -> None:
-        """The prefill's last hidden states of every prompt row ([prompt_len, hidden]); the loop calls it only
-        for drafters with ``wants_hidden`` and no ``prefill_tail`` (EAGLE fills its draft cache from them)."""
+        """The prefill's hidden states at ``hidden_layers`` of every prompt row ([prompt_len, layers x hidden]); the
+        loop calls it only for drafters with ``hidden_layers`` and no ``prefill_tail`` (EAGLE fills its draft cache
+        from them)."""
 
     def propose(self, ctx: DecodeContext) -> DraftTree:
         """The tree to verify this step; node 0 must be ``ctx.root``."""

@@ -209,8 +209,8 @@ class Decoder:
         if tail:  # tokens a drafter runs after the prompt in the prefill (LADE's official window start)
             logits, tail_logits = prefill_with_tail(self.model, cache, torch.tensor(prompt_ids), torch.tensor(tail))
             self.drafter.observe_prefill(tail_logits)
-        elif self.drafter.wants_hidden:  # hidden states of every prompt row (EAGLE fills its draft cache)
-            logits, hidden = prefill_hidden(self.model, cache, torch.tensor(prompt_ids))
+        elif self.drafter.hidden_layers:  # hidden states of every prompt row (EAGLE fills its draft cache)
+            logits, hidden = prefill_hidden(self.model, cache, torch.tensor(prompt_ids), self.drafter.hidden_layers)
             self.drafter.observe_prompt(hidden)
         else:
             logits = prefill(self.model, cache, torch.tensor(prompt_ids))
@@ -261,7 +261,7 @@ class Decoder:
         past_len = ctx.position
         flat = lay_out(self.model, cache, tree)
         clock.lap("draft")
-        verified = forward_tree(self.model, cache, tree, self.drafter.wants_hidden, flat)
+        verified = forward_tree(self.model, cache, tree, self.drafter.hidden_layers, flat)
         clock.lap("verify")
         accepted = self.accept_fn(tree, verified.logits, self.sampling, ctx.generator)
         compact_cache(cache, past_len, accepted.path)

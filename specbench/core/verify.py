@@ -24,7 +24,7 @@ class VerifyOutput:
 
     logits: torch.Tensor  # [num_nodes, vocab] float32, row i = P_t(.|path to node i)
     aux_logits: torch.Tensor | None  # [num_aux, vocab] float32
-    hidden: torch.Tensor | None  # [num_nodes, hidden] last hidden states, when asked for
+    hidden: torch.Tensor | None  # [num_nodes, layers x hidden] the asked-for hidden states, concatenated
 
 
 class ReservedLayer(DynamicLayer):
@@ -99,10 +99,12 @@ def lay_out(model, cache: DynamicCache, tree: DraftTree) -> FlatPass:
 
 
 def forward_tree(
-    model, cache: DynamicCache, tree: DraftTree, want_hidden: bool = False, flat: FlatPass | None = None
+    model, cache: DynamicCache, tree: DraftTree, hidden_layers: tuple[int, ...] = (), flat: FlatPass | None = None
 ) -> VerifyOutput:
     """Run ONE target forward over ``tree`` (+ aux rows) on top of ``cache``; the cache grows by all rows.
 
+    ``hidden_layers`` index the model's hidden-states tuple (0 = embeddings, i = output of decoder layer i - 1,
+    -1 = the last, after the final norm); their rows come back concatenated in that order (``hidden``).
     ``flat`` is the tree already laid out by ``lay_out`` (the loop times the layout apart from the forward).
     """
     if flat is None:
@@ -113,11 +115,11 @@ def forward_tree(
         attention_mask=flat.attention_mask,
         past_key_values=cache,
         use_cache=True,
-        output_hidden_states=want_hidden,
+        output_hidden_states=bool(hidden_layers),
     )
     logits = out.logits[0].float()  # [q, vocab]
     n = len(tree)
-    hidden = out.hidden_states[-1][0, :n] if want_hidden else None  # [n, hidden]
+    hidden = layer_rows(out.hidden_states, hidden_layers, n) if hidden_layers else None  # [n, layers x hidden]
     aux_logits = logits[n:] if tree.aux is not None else None
     return VerifyOutput(logits[:n], aux_logits, hidden)
 
@@ -148,12 +150,21 @@ def prefill(model, cache: DynamicCache, prompt_ids: torch.Tensor) -> torch.Tenso
     return out.logits[0, -1].float()
 
 
-def prefill_hidden(model, cache: DynamicCache, prompt_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``prefill`` that also returns the last hidden states of every prompt row (for drafters with
-    ``wants_hidden``): the last row's logits [vocab] (float32) and hidden [prompt_len, hidden]."""
+def layer_rows(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...], rows: int) -> torch.Tensor:
+    """The first ``rows`` rows of the hidden states at ``layers`` (each [1, q, hidden]), concatenated:
+    [rows, len(layers) x hidden] (EAGLE-3 fuses three layers; Medusa and EAGLE read the last alone)."""
+    parts = [hidden_states[layer][0, :rows] for layer in layers]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+
+def prefill_hidden(
+    model, cache: DynamicCache, prompt_ids: torch.Tensor, hidden_layers: tuple[int, ...] = (-1,)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``prefill`` that also returns the hidden states at ``hidden_layers`` of every prompt row (for drafters
+    with ``hidden_layers``): the last row's logits [vocab] (float32) and hidden [prompt_len, layers x hidden]."""
     ids = prompt_ids.to(model.device)[None]  # [1, prompt_len]
     out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1, output_hidden_states=True)
-    return out.logits[0, -1].float(), out.hidden_states[-1][0]
+    return out.logits[0, -1].float(), layer_rows(out.hidden_states, hidden_layers, ids.shape[1])
 
 
 def prefill_with_tail(

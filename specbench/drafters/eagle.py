@@ -25,9 +25,14 @@ Three trees, one drafter base:
   multi-candidate rejection (the official EAGLE-2 rule: q = 1 for every drafted token).
 - ``EagleOptTree`` (``method=opt_tree_eagle``): OPT-Tree's construction (``OptTreeBuilder``) over the
   head's distributions, as OPT-Tree's Tables 1-3 run it with EAGLE drafts.
+- ``Eagle3`` (``method=eagle3``, docs/methods/eagle3.md): EAGLE-2's dynamic tree drafted by an EAGLE-3 head
+  (``specbench.models.eagle3_heads``): the committed pairs carry three target layers fused (the loop hands
+  them over through ``hidden_layers``), the head scores its own (reduced) vocabulary.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -37,6 +42,7 @@ from specbench.core.tree import DraftTree
 from specbench.core.verify import VerifyOutput, compact_cache, new_cache
 from specbench.drafters.tree_fill import fill_shape
 from specbench.errors import ConfigError
+from specbench.models.eagle3_heads import Eagle3Head, load_eagle3
 from specbench.models.eagle_heads import EagleHead, load_head
 from specbench.structures.tree_builders import ExpandRerankBuilder, OptTreeBuilder
 from specbench.structures.tree_rows import TreeRowMask
@@ -53,9 +59,9 @@ class HeadCache:
     at position p + d - 1, seeing the committed pairs, its ancestors' tree rows and itself.
     """
 
-    def __init__(self, head: EagleHead, lm_head: torch.nn.Module):
+    def __init__(self, head: EagleHead | Eagle3Head, to_logits: Callable[[torch.Tensor], torch.Tensor]):
         self.head = head
-        self.lm_head = lm_head
+        self.to_logits = to_logits  # the head's outputs [k, H] -> draft logits over the target vocabulary [k, vocab]
         self.reset()
 
     def reset(self) -> None:
@@ -100,8 +106,8 @@ class HeadCache:
         self._drop_tree_state()
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
-        """Draft logits [k, vocab] (float32) of predicted features [k, H], through the target's LM head."""
-        return self.lm_head(features).float()
+        """Draft logits [k, vocab] (float32) of the head's outputs [k, H] (EAGLE: through the target's LM head)."""
+        return self.to_logits(features).float()
 
     def _forward(
         self, features: torch.Tensor, tokens: list[int], positions: torch.Tensor, mask: torch.Tensor
@@ -132,7 +138,7 @@ class EagleDrafter(Drafter):
     head's output at the root (f̂_p [H]) and its logits [vocab].
     """
 
-    wants_hidden = True
+    hidden_layers: tuple[int, ...] = (-1,)  # the last hidden states (after the final norm)
     COUNTERS = ("steps", "drafted", "accepted_tokens", "depth_sum")
 
     def __init__(self, head=None, target_name: str = "target", temperature: float = 0.0, top_p: float = 1.0):
@@ -179,7 +185,7 @@ class EagleDrafter(Drafter):
     def observe(self, ctx: DecodeContext, tree: DraftTree, verified: VerifyOutput, accepted: Acceptance) -> None:
         """Drop the tree rows; keep the target's features of the accepted path for the next step's pairs."""
         self.draft.drop_tree()
-        assert verified.hidden is not None  # the verify pass returns it to drafters with wants_hidden
+        assert verified.hidden is not None  # the verify pass returns it to drafters with hidden_layers
         self.pending = verified.hidden[accepted.path]  # [len(path), H]: f_p .. f_{p + accepted}
         accepted_tokens = len(accepted.path) - 1
         self.books.add(accepted_tokens=accepted_tokens, depth_sum=max(tree.depths))
@@ -196,7 +202,7 @@ class EagleDrafter(Drafter):
         if self.pending is None:
             raise RuntimeError(
                 f"{type(self).__name__} needs the target's features of the committed tokens: the loop "
-                f"passes the prompt's with observe_prompt (drafters with wants_hidden)"
+                f"passes the prompt's with observe_prompt (drafters with hidden_layers)"
             )
         start, position = self.draft.committed, ctx.position
         if self.pending.shape[0] != position - start:
@@ -362,3 +368,14 @@ class EagleOptTree(EagleDrafter):
             "step_expected_accept": self.step_expected,
             "step_accepted": self.step_accepted,
         }
+
+
+class Eagle3(Eagle2):
+    """EAGLE-3: EAGLE-2's dynamic tree from an EAGLE-3 head fed the target's low, middle and high layers."""
+
+    def setup(self, target, tokenizer) -> None:
+        """Load the head (the model config's ``eagle3:`` node) and ask the loop for the layers it fuses."""
+        loaded = load_eagle3(self.head_cfg, target, self.target_name)
+        self.hidden_layers = loaded.layers
+        self.loaded_head = HeadCache(loaded.head, loaded.head.target_logits)
+        self.origin, self.trained_top1 = loaded.origin, loaded.top1_by_depth

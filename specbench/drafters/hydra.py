@@ -24,7 +24,7 @@ from specbench.structures.medusa_tree import TreeLayout, tree_paths
 class Hydra(Drafter):
     """Drafts a static tree whose children come from grounded heads run on each parent's path."""
 
-    wants_hidden = True
+    hidden_layers: tuple[int, ...] = (-1,)  # the last hidden states (after the final norm)
     COUNTERS = ("steps", "tree_steps", "accepted_draft_tokens", "head_rows")
 
     def __init__(self, heads=None, target_name: str = "", tree=None):
@@ -73,7 +73,7 @@ class Hydra(Drafter):
         if len(tree) > 1:
             for depth in range(len(accepted.path) - 1):
                 self.reached[depth] += 1
-        assert verified.hidden is not None  # wants_hidden: the loop asks the verify pass for hidden states
+        assert verified.hidden is not None  # hidden_layers: the loop asks the verify pass for hidden states
         self._feed(verified.hidden[accepted.path], ctx.position)
 
     def _feed(self, hidden: torch.Tensor, start: int) -> None:

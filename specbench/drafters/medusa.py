@@ -25,7 +25,7 @@ from specbench.structures.medusa_tree import TreeLayout, expected_accepted, tree
 class Medusa(Drafter):
     """Drafts a static Medusa tree from the heads' top-k tokens at the last accepted position."""
 
-    wants_hidden = True
+    hidden_layers: tuple[int, ...] = (-1,)  # the last hidden states (after the final norm)
     COUNTERS = ("steps", "tree_steps", "accepted_draft_tokens")
 
     def __init__(self, heads=None, target_name: str = "", tree=None):
@@ -71,7 +71,7 @@ class Medusa(Drafter):
         """Run the heads on the last accepted node's hidden state: tokens for the next step's tree."""
         self._count(tree, accepted)
         assert self.heads is not None and self.layout is not None  # loaded by setup
-        assert verified.hidden is not None  # wants_hidden: the loop asks the verify pass for hidden states
+        assert verified.hidden is not None  # hidden_layers: the loop asks the verify pass for hidden states
         last = accepted.path[-1]
         with self.books.timed("heads"):
             logits = self.heads(verified.hidden[last], self.layout.max_depth)  # [depth, vocab]

@@ -53,6 +53,8 @@ NOT_LLAMA_KEYS = (
     "base_model_name_or_path",
     "shares_embeddings",
     "auto_map",
+    "draft_vocab_size",  # EAGLE-3 (specbench.models.eagle3_heads)
+    "fused_layers",
 )
 
 
@@ -65,12 +67,33 @@ class EagleLayer(LlamaDecoderLayer):
             self.input_layernorm = nn.Identity()  # same call, no gain
 
 
-class EagleHead(nn.Module):
-    """EAGLE-1/2's draft head; ``checkpoint_state()`` is exactly the published state-dict layout.
+class FeatureHead(nn.Module):
+    """What the EAGLE heads share: token embeddings of their own (``embed_tokens``, as the published files carry
+    them) or the target's (given: shared, frozen, neither saved nor trained), and ``checkpoint_state()``, exactly
+    the published state-dict layout."""
 
-    With ``embed_tokens`` given, the token embeddings are the target's own (shared, frozen, neither
-    saved nor trained); otherwise the head owns an ``embed_tokens`` (as the published files do).
-    """
+    def own_or_shared_embeddings(self, vocab: int, hidden: int, embed_tokens: nn.Module | None) -> None:
+        """Own an ``embed_tokens`` [vocab, H] unless the target's ``embed_tokens`` are given to share."""
+        if embed_tokens is None:
+            self.embed_tokens = nn.Embedding(vocab, hidden)
+        # NOTE: a tuple keeps the target's embeddings out of this module's parameters and state dict.
+        self._shared = (embed_tokens,) if embed_tokens is not None else None
+
+    @property
+    def shares_embeddings(self) -> bool:
+        return self._shared is not None
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings [..., H] of ``input_ids`` [...] (the target's when shared)."""
+        return (self._shared[0] if self._shared is not None else self.embed_tokens)(input_ids)
+
+    def checkpoint_state(self) -> dict[str, torch.Tensor]:
+        """The head's tensors in the published layout (``fc.weight``, then the decoder layer's, ...)."""
+        return self.state_dict()
+
+
+class EagleHead(FeatureHead):
+    """EAGLE-1/2's draft head (token embeddings own or shared: ``FeatureHead``)."""
 
     def __init__(self, config: LlamaConfig, fc_bias: bool = True, embed_tokens: nn.Module | None = None):
         super().__init__()
@@ -82,26 +105,11 @@ class EagleHead(nn.Module):
         self.fc = nn.Linear(2 * hidden, hidden, bias=fc_bias)
         self.layers = nn.ModuleList(EagleLayer(config, index) for index in range(config.num_hidden_layers))
         self.rotary = LlamaRotaryEmbedding(config)  # buffers only, none persistent: not in the state dict
-        if embed_tokens is None:
-            self.embed_tokens = nn.Embedding(config.vocab_size, hidden)
-        # NOTE: a tuple keeps the target's embeddings out of this module's parameters and state dict.
-        self._shared = (embed_tokens,) if embed_tokens is not None else None
-
-    @property
-    def shares_embeddings(self) -> bool:
-        return self._shared is not None
+        self.own_or_shared_embeddings(config.vocab_size, hidden, embed_tokens)
 
     @property
     def fc_bias(self) -> bool:
         return self.fc.bias is not None
-
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Token embeddings [..., H] of ``input_ids`` [...] (the target's when shared)."""
-        return (self._shared[0] if self._shared is not None else self.embed_tokens)(input_ids)
-
-    def checkpoint_state(self) -> dict[str, torch.Tensor]:
-        """The head's tensors in the published layout (``fc.weight``, ``layers.0.self_attn.q_proj.weight``, ...)."""
-        return self.state_dict()
 
     def forward(
         self,
@@ -247,7 +255,7 @@ def random_head(target: PreTrainedModel, seed: int, num_layers: int = 1) -> Eagl
     return head.to(device=weight.device, dtype=weight.dtype).eval().requires_grad_(False)
 
 
-def _read_state(files: CheckpointFiles, cached_only: bool) -> tuple[dict | None, dict | None]:
+def read_checkpoint(files: CheckpointFiles, cached_only: bool) -> tuple[dict | None, dict | None]:
     """(config.json contents, state dict) of a head checkpoint; None for what is absent."""
     config_file = files.get(CONFIG_FILE, cached_only)
     raw = json.loads(config_file.read_text()) if config_file is not None else None
@@ -261,7 +269,7 @@ def published_head(path: str, revision: str | None, target: PreTrainedModel) -> 
     """A head from a Hub id or a local folder in the published layout (HF cache first, then the Hub)."""
     files = CheckpointFiles(path, revision)
     raw, state = cached_then_hub(
-        files, lambda cached: _read_state(files, cached), lambda found: None not in found, "EAGLE head eagle"
+        files, lambda cached: read_checkpoint(files, cached), lambda found: None not in found, "EAGLE head eagle"
     )
     if raw is None or state is None:
         raise ConfigError(f"'{path}' holds no EAGLE head (needs {CONFIG_FILE} and one of {', '.join(WEIGHT_FILES)})")

@@ -1,4 +1,4 @@
-"""Train the parts a plan still needs (distilled drafts, Medusa and EAGLE heads), and only those.
+"""Train the parts a plan still needs (distilled drafts, Medusa, EAGLE, EAGLE-3 and Hydra heads), and only those.
 
 A job needs a part when its method reads the model's part node (``${oc.select:model.draft,null}`` and
 the like in the method config) and that node says the part is ours to train (``PARTS``: a distilled
@@ -13,6 +13,7 @@ spares the plan a child process for each experiment whose runs are all done (``c
 from __future__ import annotations
 
 import json
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from specbench.manifest import read_manifest
-from specbench.models import eagle_heads, medusa_heads
+from specbench.models import eagle3_heads, eagle_heads, hydra_heads, medusa_heads
 from specbench.paths import distilled_draft_dir
 from specbench.reproduce.coverage import Job, job_config
 from specbench.reproduce.plan import run_child
@@ -29,6 +30,8 @@ PARTS = {
     "draft": ("distilled", distilled_draft_dir),
     "medusa": ("trained", medusa_heads.trained_dir),
     "eagle": ("trained", eagle_heads.trained_dir),
+    "eagle3": ("trained", eagle3_heads.trained_dir),
+    "hydra": ("trained", hydra_heads.trained_dir),
 }
 """Model node (= the ``python -m specbench.train`` subcommand) -> (the ``source`` that means "trained here", where
 the trainer writes the part of a model)."""
@@ -36,7 +39,7 @@ the trainer writes the part of a model)."""
 
 @dataclass(frozen=True, order=True)
 class Part:
-    """One trained part of one model: the model node (draft, medusa, eagle) and the model config."""
+    """One trained part of one model: the model node (draft, medusa, eagle, eagle3, hydra) and the model config."""
 
     node: str
     model: str
@@ -70,7 +73,7 @@ def parts_of(job: Job) -> set[Part]:
     parts = set()
     for node, (source, _) in PARTS.items():
         part = OmegaConf.select(cfg, f"model.{node}")
-        if f"model.{node}" in method and part is not None and part.get("source") == source and not part.get("path"):
+        if re.search(rf"model\.{node}\b", method) and part is not None and part.get("source") == source and not part.get("path"):
             parts.add(Part(node, cfg.model.name))
     return parts
 

@@ -1,4 +1,4 @@
-"""``python -m specbench.train {draft,medusa,eagle,hydra} [hydra overrides...]``: train a method's artefacts once."""
+"""``python -m specbench.train {draft,medusa,eagle,eagle3,hydra} [overrides...]``: train a method's artefacts once."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ COMMANDS = {
     "draft": ("specbench.train.draft", "distil a small draft model from the target (spede, opt_tree)"),
     "medusa": ("specbench.train.medusa", "train Medusa heads on the target's self-distilled answers"),
     "eagle": ("specbench.train.eagle", "train an EAGLE draft head on the target's self-distilled answers"),
+    "eagle3": ("specbench.train.eagle3", "train an EAGLE-3 head (training-time test) on the self-distilled answers"),
     "hydra": ("specbench.train.hydra", "train Hydra heads (Hydra++ recipe) on the target's self-distilled answers"),
 }
 

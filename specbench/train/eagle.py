@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from specbench.core.verify import layer_rows
 from specbench.errors import ConfigError
 from specbench.files import building
 from specbench.manifest import finished_training
@@ -46,7 +47,7 @@ class Sequence:
     """One self-distilled sequence with the frozen target's features and its recorded next-token laws."""
 
     ids: torch.Tensor  # [T] prompt + answer tokens
-    features: torch.Tensor  # [T, H] f_t (float32, CPU)
+    features: torch.Tensor  # [T, H] f_t (float32, CPU); [T, 3H] the fused layers for EAGLE-3
     prompt_len: int  # P: position P is the first answer token
     topk_ids: torch.Tensor  # [T - P, k] the target's top-k tokens at positions P - 1 .. T - 2 (predicting x_P ..)
     topk_logprobs: torch.Tensor  # [T - P, k] their log-probabilities
@@ -108,8 +109,11 @@ def validate(cfg) -> None:
 
 
 @torch.no_grad()
-def extract_features(backbone, data: list[SelfDistilled], max_length: int, progress: bool) -> list[Sequence]:
-    """The target's features of every sequence (one forward each), with its recorded top-k laws."""
+def extract_features(
+    backbone, data: list[SelfDistilled], max_length: int, progress: bool, layers: tuple[int, ...] = (-1,)
+) -> list[Sequence]:
+    """The target's features of every sequence (one forward each: the hidden states at ``layers``, concatenated;
+    EAGLE reads the last, EAGLE-3 three), with its recorded top-k laws."""
     sequences = []
     device = next(backbone.parameters()).device
     for record in tqdm(data, desc="target features", unit="seq", disable=not progress):
@@ -118,7 +122,8 @@ def extract_features(backbone, data: list[SelfDistilled], max_length: int, progr
         answer = ids.numel() - prompt_len
         if answer < 2 or record.topk_ids is None:
             continue
-        states = backbone(input_ids=ids[None].to(device)).last_hidden_state[0]  # [T, H]
+        out = backbone(input_ids=ids[None].to(device), output_hidden_states=True)
+        states = layer_rows(out.hidden_states, layers, ids.numel())  # [T, layers x H]
         sequences.append(
             Sequence(
                 ids,

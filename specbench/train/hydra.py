@@ -22,15 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from specbench.errors import ConfigError
 from specbench.files import building
 from specbench.manifest import finished_training
 from specbench.models.hydra_heads import ARCHS, HydraHeads, heads_for, save_hydra, trained_dir
-from specbench.train.common import OptimizerSettings, TimeBudget, TrainerSettings, check_types, head_training_checks
+from specbench.train.common import OptimizerSettings, TrainerSettings, check_types, head_training_checks
 from specbench.train.eagle import Sequence, extract_features
-from specbench.train.medusa import autocast, lr_factor, seeded, split
+from specbench.train.medusa import autocast, fit, split
 from specbench.train.selfdistill import data_summary, head_training
 from specbench.train.selfdistill import validate as validate_prompts
 
@@ -143,45 +142,14 @@ def step_loss(heads: HydraHeads, embed, items: list[Sequence], cfg, generator, d
 
 
 def train_heads(heads: HydraHeads, embed, train: list[Sequence], cfg, device: torch.device, progress: bool) -> dict:
-    """AdamW on the heads' summed teacher losses until train.max_steps or train.max_minutes; returns a record."""
-    params = [p for p in heads.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    generator = seeded(cfg.seed)
-    order, cursor, seen = torch.randperm(len(train), generator=generator), 0, 0
-    budget = TimeBudget(cfg.max_minutes)
-    bar = tqdm(total=cfg.max_steps, desc="hydra heads", unit="step", disable=not progress)
-    step, curve, window = 0, [], []
-    heads.train()
-    while step < cfg.max_steps and budget.allows_step():
-        for group in optimizer.param_groups:
-            group["lr"] = cfg.lr * lr_factor(step, max(step / cfg.max_steps, budget.fraction()), cfg.warmup_steps)
-        if cursor >= len(order):
-            order, cursor = torch.randperm(len(train), generator=generator), 0
-        index = order[cursor : cursor + cfg.batch_size].tolist()
-        cursor, seen = cursor + len(index), seen + len(index)
-        losses = step_loss(heads, embed, [train[i] for i in index], cfg, generator, device)
-        optimizer.zero_grad(set_to_none=True)
-        losses.sum().backward()
-        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        optimizer.step()
-        budget.step_done()
-        step += 1
-        window.append(losses.tolist())
-        if len(window) == 10:
-            curve.append([step, *(round(sum(column) / len(window), 4) for column in zip(*window))])
-            window = []
-        bar.update(1)
-        bar.set_postfix(loss=" ".join(f"{x:.2f}" for x in losses.tolist()))
-    bar.close()
-    heads.eval()
-    return {
-        "steps": step,
-        "steps_planned": cfg.max_steps,
-        "seconds": round(budget.elapsed(), 1),
-        "epochs": round(seen / len(train), 3),
-        "stopped_by": "max_steps" if step >= cfg.max_steps else "max_minutes",
-        "loss_curve": curve,  # [step, loss of head 1, ..., head K] averaged over 10 steps
-    }
+    """AdamW on the heads' summed teacher losses until train.max_steps or train.max_minutes; returns a record whose
+    loss curve holds [step, loss of head 1, ..., head K]."""
+
+    def losses_of(index: list[int], generator: torch.Generator) -> tuple[torch.Tensor, list[float]]:
+        losses = step_loss(heads, embed, [train[i] for i in index], cfg, generator, device)  # [K]
+        return losses.sum(), losses.tolist()
+
+    return fit(heads, len(train), cfg, "hydra heads", progress, losses_of)
 
 
 @torch.no_grad()

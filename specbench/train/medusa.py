@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -163,6 +164,54 @@ def lr_factor(step: int, progress: float, warmup: int) -> float:
     anneals to 0 when ``train.max_minutes`` ends training before ``train.max_steps``.
     """
     return min(1.0, (step + 1) / max(1, warmup)) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def fit(module: torch.nn.Module, count: int, cfg, desc: str, progress: bool, losses_of: Callable) -> dict:
+    """AdamW (linear warm-up, cosine decay) over batches of ``cfg.batch_size`` of ``count`` items in a seeded order
+    reshuffled every epoch, until train.max_steps or train.max_minutes; returns the record.
+
+    ``losses_of(indices, generator)`` gives (the objective to minimise, or None when the batch has no loss rows;
+    the per-component losses the loss curve averages over 10 steps). Used by the Hydra and EAGLE-3 trainers.
+    """
+    params = [p for p in module.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    generator = seeded(cfg.seed)
+    order, cursor, seen = torch.randperm(count, generator=generator), 0, 0
+    budget = TimeBudget(cfg.max_minutes)
+    bar = tqdm(total=cfg.max_steps, desc=desc, unit="step", disable=not progress)
+    step, curve, window = 0, [], []
+    module.train()
+    while step < cfg.max_steps and budget.allows_step():
+        for group in optimizer.param_groups:
+            group["lr"] = cfg.lr * lr_factor(step, max(step / cfg.max_steps, budget.fraction()), cfg.warmup_steps)
+        if cursor >= len(order):
+            order, cursor = torch.randperm(count, generator=generator), 0
+        index = order[cursor : cursor + cfg.batch_size].tolist()
+        cursor, seen = cursor + len(index), seen + len(index)
+        objective, components = losses_of(index, generator)
+        optimizer.zero_grad(set_to_none=True)
+        if objective is not None:
+            objective.backward()
+            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            optimizer.step()
+        budget.step_done()
+        step += 1
+        window.append(components)
+        if len(window) == 10:
+            curve.append([step, *(round(sum(column) / len(window), 4) for column in zip(*window))])
+            window = []
+        bar.update(1)
+        bar.set_postfix(loss=" ".join(f"{x:.2f}" for x in components))
+    bar.close()
+    module.eval()
+    return {
+        "steps": step,
+        "steps_planned": cfg.max_steps,
+        "seconds": round(budget.elapsed(), 1),
+        "epochs": round(seen / count, 3),
+        "stopped_by": "max_steps" if step >= cfg.max_steps else "max_minutes",
+        "loss_curve": curve,  # [step, component losses...] averaged over 10 steps
+    }
 
 
 def autocast(device: torch.device, amp_dtype: str | None):

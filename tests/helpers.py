@@ -68,3 +68,25 @@ def exit_code(main, *args) -> int:
         return main(*args)
     except SystemExit as stop:
         return stop.code
+
+
+def embedded_head(cached, train_main, folder, shared_data, settings: list[str]) -> tuple[object, bool]:
+    """The model-config node of the embedded model's head that ``python -m specbench.train ...`` cached in ``cached``
+    (and True), else of a stand-in trained into ``folder`` in seconds (8 prompts x 32 tokens plus ``settings``)
+    by ``train_main`` (and False), so tests of trained heads never skip on a fresh clone."""
+    if (cached / "manifest.json").is_file():
+        return OmegaConf.create({"source": "trained"}), True
+    args = [
+        "model=smollm2_135m",
+        f"data_dir={shared_data}",
+        f"output_dir={folder}",
+        "prompts.max_prompts=8",
+        "prompts.max_new_tokens=32",
+        "train.max_minutes=null",
+        "train.batch_size=4",
+        "train.eval_sequences=2",
+        "train.eval_depth=2",
+        "progress=false",
+        *settings,
+    ]
+    return OmegaConf.create({"source": "hub", "path": str(train_main(args))}), False

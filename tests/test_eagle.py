@@ -31,7 +31,7 @@ from specbench.models.eagle_heads import (
 )
 from specbench.structures.tree_builders import ExpandRerankBuilder
 from tests.conftest import tiny_model
-from tests.helpers import exact_joint, sampled_outputs
+from tests.helpers import embedded_head, exact_joint, sampled_outputs
 from tests.test_loop import ar_greedy
 
 RANDOM_HEAD = OmegaConf.create({"source": "random", "seed": 0})
@@ -508,34 +508,15 @@ def test_greedy_equals_ar_embedded_random_head(embedded):
         assert decode(model, drafter, prompt, 20, eos=embedded.eos_ids).output_ids == truth
 
 
-def embedded_trained_head(folder, shared_data) -> tuple[object, float]:
-    """The head `python -m specbench.train eagle model=smollm2_135m` caches, else a stand-in trained into
-    ``folder`` in seconds (8 prompts, 60 steps); its model-config node and the acceptance it must reach."""
-    if (trained_dir("smollm2_135m") / "model.safetensors").is_file():
-        return OmegaConf.create({"source": "trained"}), 0.3
-    from specbench.train import eagle as eagle_train
-
-    args = [
-        "model=smollm2_135m",
-        f"data_dir={shared_data}",
-        f"output_dir={folder}",
-        "prompts.max_prompts=8",
-        "prompts.max_new_tokens=32",
-        "train.max_steps=60",
-        "train.max_minutes=null",
-        "train.batch_size=4",
-        "train.eval_sequences=2",
-        "train.eval_depth=2",
-        "progress=false",
-    ]
-    return OmegaConf.create({"source": "hub", "path": str(eagle_train.main(args))}), 0.05
-
-
 @pytest.mark.slow
 def test_greedy_equals_ar_embedded_trained_head(embedded, shared_data, tmp_path):
     """The embedded model with a trained head: the cached full one, or a small stand-in trained here."""
     model, tok = embedded.model, embedded.tokenizer
-    node, least_accepted = embedded_trained_head(tmp_path / "head", shared_data)
+    from specbench.train import eagle as eagle_train
+
+    folder = trained_dir("smollm2_135m")
+    node, cached = embedded_head(folder, eagle_train.main, tmp_path / "head", shared_data, ["train.max_steps=60"])
+    least_accepted = 0.3 if cached else 0.05
     drafters = [
         Eagle(head=node, target_name="smollm2_135m"),
         Eagle2(head=node, target_name="smollm2_135m", total_tokens=26),

@@ -18,6 +18,7 @@ from specbench.errors import ConfigError, ModelUnavailable
 from specbench.models.eagle3_heads import Eagle3Head, fused_layers, load_eagle3, random_head
 from specbench.models.eagle_heads import config_for_target
 from tests.conftest import tiny_model
+from tests.helpers import embedded_head
 from tests.test_eagle import decode, rms, write_checkpoint
 from tests.test_loop import ar_greedy
 
@@ -346,7 +347,13 @@ def test_greedy_equals_ar_embedded(embedded, shared_data, tmp_path):
     """The embedded model (30 layers: the authors' rule fuses 2, 15, 27) with a random head over a reduced
     vocabulary, and with a trained head: the cached one, or a stand-in trained here in seconds."""
     model, tok = embedded.model, embedded.tokenizer
-    trained = trained_or_stand_in(tmp_path / "head", shared_data)
+    from specbench.models.eagle3_heads import trained_dir
+    from specbench.train import eagle3 as eagle3_train
+
+    settings = ["train.max_steps=40", "train.ttt_steps=2"]
+    folder = trained_dir("smollm2_135m")
+    node, cached = embedded_head(folder, eagle3_train.main, tmp_path / "head", shared_data, settings)
+    trained = (node, 0.5 if cached else 0.05)
     random_headed = OmegaConf.create({"source": "random", "seed": 0, "draft_vocab": 4096})
     prompt = tok.apply_chat_template(
         [{"role": "user", "content": "Write a Python function that returns the factorial of n."}],
@@ -360,31 +367,6 @@ def test_greedy_equals_ar_embedded(embedded, shared_data, tmp_path):
         assert drafter.hidden_layers == (2, 15, 27)
         assert decode(model, drafter, prompt, 40, eos=embedded.eos_ids).output_ids == truth
         assert drafter.stats()["accepted_per_step"] >= least_accepted
-
-
-def trained_or_stand_in(folder, shared_data) -> tuple[object, float]:
-    """The head `python -m specbench.train eagle3 model=smollm2_135m` caches, else a stand-in trained into
-    ``folder`` in seconds (8 prompts, 40 steps); its model-config node and the acceptance it must reach."""
-    from specbench.models.eagle3_heads import trained_dir
-    from specbench.train import eagle3 as eagle3_train
-
-    if (trained_dir("smollm2_135m") / "manifest.json").is_file():
-        return OmegaConf.create({"source": "trained"}), 0.5
-    args = [
-        "model=smollm2_135m",
-        f"data_dir={shared_data}",
-        f"output_dir={folder}",
-        "prompts.max_prompts=8",
-        "prompts.max_new_tokens=32",
-        "train.max_steps=40",
-        "train.max_minutes=null",
-        "train.batch_size=4",
-        "train.ttt_steps=2",
-        "train.eval_sequences=2",
-        "train.eval_depth=2",
-        "progress=false",
-    ]
-    return OmegaConf.create({"source": "hub", "path": str(eagle3_train.main(args))}), 0.05
 
 
 # ----------------------------------------------------------------------------------- training
@@ -425,6 +407,8 @@ def test_train_eagle3_end_to_end_tiny(training_cache, shared_data):
     drafter.setup(lm.model, lm.tokenizer)
     assert drafter.stats()["trained_top1_by_depth"] == record["accuracy"]["top1"]
     assert drafter.draft.head.draft_vocab_size == 300
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert drafter.artefacts() == [f"eagle3:{manifest['weights_digest']}"]
     prompt = [1, 2, 3, 4]
     assert decode(lm.model, drafter, prompt, 12).output_ids == ar_greedy(lm.model, prompt, 12).output_ids
 

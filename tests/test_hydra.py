@@ -189,6 +189,48 @@ def test_siblings_subtrees_come_from_their_own_paths(tiny):
     assert len({tuple(children) for children in first_children if children}) > 1  # grounded: not Medusa's copies
 
 
+def run_sampled_hydra() -> tuple[float, int, float]:
+    """T = 0.5 end to end on a 2-token target with random heads and a dense tree: chi-square of 4-token outputs."""
+    from specbench.conformance import chi_square
+    from specbench.core.acceptance import Sampling
+    from specbench.core.loop import Decoder
+    from specbench.core.rules import acceptance_rule
+    from tests.conftest import tiny_model
+    from tests.helpers import exact_joint, sampled_outputs
+
+    target = tiny_model(vocab_size=2, seed=5, hidden_size=16, num_hidden_layers=1, intermediate_size=32)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(8)  # peaked, so 1200 draws separate a right law from a wrong one
+    sampling, prompt = Sampling(temperature=0.5), [0, 1, 1]
+    node = {"source": "random", "num_heads": 2, "num_layers": 1, "arch": "prefix-mlp", "seed": 2}
+    drafter = Hydra(heads=OmegaConf.create(node), target_name="tiny", tree={"kind": "dense", "sizes": [2, 1]})
+    drafter.setup(target, None)
+    decoder = Decoder(target, drafter, frozenset(), sampling, acceptance_rule("match"))
+    counts = sampled_outputs(decoder, prompt, 4, torch.Generator().manual_seed(0), trials=1200)
+    return chi_square(counts, exact_joint(target, prompt, 4, sampling))
+
+
+def test_sampled_outputs_follow_the_target():
+    """Hydra's trees are deterministic, so sample-and-match is exact at T > 0: outputs follow the target's law."""
+    stat, dof, p_value = run_sampled_hydra()
+    assert p_value > 1e-3, (stat, dof)
+
+
+def test_a_pick_biased_toward_the_mode_fails_the_same_test(monkeypatch):
+    """Negative control at the same size: a match walk whose pick is the target's argmax half the time."""
+    from specbench.core import acceptance
+
+    draw = acceptance.draw
+    coin = torch.Generator().manual_seed(1)
+
+    def biased(logits, sampling, generator):
+        return int(logits.argmax()) if torch.rand(1, generator=coin) < 0.5 else draw(logits, sampling, generator)
+
+    monkeypatch.setattr(acceptance, "draw", biased)
+    stat, dof, p_value = run_sampled_hydra()
+    assert p_value < 1e-3, (stat, dof)
+
+
 def test_train_hydra_end_to_end_tiny(training_cache, shared_data):
     """`train hydra` on tiny_llama: saves heads in the authors' layout + accuracies, a rerun is a no-op, and the
     trained heads (their sparse tree from the saved table) decode exactly."""

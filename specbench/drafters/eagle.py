@@ -379,3 +379,8 @@ class Eagle3(Eagle2):
         self.hidden_layers = loaded.layers
         self.loaded_head = HeadCache(loaded.head, loaded.head.target_logits)
         self.origin, self.trained_top1 = loaded.origin, loaded.top1_by_depth
+
+    def artefacts(self) -> list[str]:
+        """The head (``eagle3:<weights digest>`` when trained here, else its Hub id or seed), so a run resumed
+        with another head is refused."""
+        return [self.origin] if self.origin else []

@@ -73,7 +73,8 @@ def parts_of(job: Job) -> set[Part]:
     parts = set()
     for node, (source, _) in PARTS.items():
         part = OmegaConf.select(cfg, f"model.{node}")
-        if re.search(rf"model\.{node}\b", method) and part is not None and part.get("source") == source and not part.get("path"):
+        reads = re.search(rf"model\.{node}\b", method) is not None  # model.eagle is not model.eagle3
+        if reads and part is not None and part.get("source") == source and not part.get("path"):
             parts.add(Part(node, cfg.model.name))
     return parts
 

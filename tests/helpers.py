@@ -85,7 +85,6 @@ def embedded_head(cached, train_main, folder, shared_data, settings: list[str]) 
         "train.max_minutes=null",
         "train.batch_size=4",
         "train.eval_sequences=2",
-        "train.eval_depth=2",
         "progress=false",
         *settings,
     ]

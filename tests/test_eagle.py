@@ -515,7 +515,8 @@ def test_greedy_equals_ar_embedded_trained_head(embedded, shared_data, tmp_path)
     from specbench.train import eagle as eagle_train
 
     folder = trained_dir("smollm2_135m")
-    node, cached = embedded_head(folder, eagle_train.main, tmp_path / "head", shared_data, ["train.max_steps=60"])
+    settings = ["train.max_steps=60", "train.eval_depth=2"]
+    node, cached = embedded_head(folder, eagle_train.main, tmp_path / "head", shared_data, settings)
     least_accepted = 0.3 if cached else 0.05
     drafters = [
         Eagle(head=node, target_name="smollm2_135m"),

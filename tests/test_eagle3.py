@@ -350,7 +350,7 @@ def test_greedy_equals_ar_embedded(embedded, shared_data, tmp_path):
     from specbench.models.eagle3_heads import trained_dir
     from specbench.train import eagle3 as eagle3_train
 
-    settings = ["train.max_steps=40", "train.ttt_steps=2"]
+    settings = ["train.max_steps=40", "train.ttt_steps=2", "train.eval_depth=2"]
     folder = trained_dir("smollm2_135m")
     node, cached = embedded_head(folder, eagle3_train.main, tmp_path / "head", shared_data, settings)
     trained = (node, 0.5 if cached else 0.05)

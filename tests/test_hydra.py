@@ -189,6 +189,35 @@ def test_siblings_subtrees_come_from_their_own_paths(tiny):
     assert len({tuple(children) for children in first_children if children}) > 1  # grounded: not Medusa's copies
 
 
+@pytest.mark.slow
+def test_greedy_hydra_equals_ar_on_the_embedded_model(embedded, shared_data, tmp_path):
+    """The embedded model with random Hydra++ heads, and with trained ones: the cached heads, or a stand-in trained
+    here in seconds (the accepted tokens per step show the heads were read)."""
+    from specbench.models.hydra_heads import trained_dir
+    from specbench.train import hydra as hydra_train
+    from tests.helpers import embedded_head
+
+    model, tok = embedded.model, embedded.tokenizer
+    trained, cached = embedded_head(
+        trained_dir("smollm2_135m"), hydra_train.main, tmp_path / "heads", shared_data, ["train.max_steps=20"]
+    )
+    random_heads = OmegaConf.create({"source": "random", "num_heads": 3, "num_layers": 1, "arch": "prefix-mlp"})
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "Write a Python function that returns the factorial of n."}],
+        add_generation_prompt=True,
+        tokenize=True,
+    )["input_ids"]
+    truth = ar_greedy(model, prompt, 40, embedded.eos_ids).output_ids
+    for node, tree in ((random_heads, "mc_sim_7b_63"), (trained, None)):
+        heads = OmegaConf.merge(node, {"tree": tree}) if tree else node
+        drafter = Hydra(heads=heads, target_name="smollm2_135m", tree={"kind": "sparse", "node_budget": 16})
+        drafter.setup(model, tok)
+        gen = decode(model, drafter, prompt, 40, eos_ids=embedded.eos_ids)
+        assert gen.output_ids == truth
+    if cached:  # the heads `train hydra` caches draft tokens the target accepts
+        assert len(gen.output_ids) / len(gen.accept_lengths) > 1.5
+
+
 def run_sampled_hydra() -> tuple[float, int, float]:
     """T = 0.5 end to end on a 2-token target with random heads and a dense tree: chi-square of 4-token outputs."""
     from specbench.conformance import chi_square

@@ -94,7 +94,7 @@ def test_sweep_jobs_expand_the_cartesian_product():
 
 def test_paper_values_are_complete_rows():
     values = paper_values()
-    assert set(values["paper"]) == {"self_draft", "anpd", "opt_tree", "medusa", "lookahead", "lade"}
+    assert set(values["paper"]) == {"self_draft", "anpd", "opt_tree", "medusa", "lookahead", "lade", "eagle3"}
     assert values["value"].notna().all()
     for setting in values["setting"]:
         assert all(key.startswith(("method.", "category")) for key in parse_setting(setting))

@@ -42,8 +42,10 @@ from specbench.models.eagle_heads import (
     IGNORED_SUFFIXES,
     WEIGHT_FILES,
     FeatureHead,
+    assign_strictly,
     config_for_target,
     config_from_json,
+    randomized,
     read_checkpoint,
     trained_accuracy,
 )
@@ -231,17 +233,9 @@ def head_from_state(state: dict[str, torch.Tensor], raw: dict, target: PreTraine
     own_embeddings = "embed_tokens.weight" in state
     with torch.device("meta"):
         head = Eagle3Head(config, draft_tokens, None if own_embeddings else target.get_input_embeddings())
-    expected = set(head.checkpoint_state())
-    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
-    if missing or unexpected:
-        raise ConfigError(
-            f"EAGLE-3 head '{origin}' does not match its config.json: missing keys {missing[:4]}, "
-            f"unexpected keys {unexpected[:4]}"
-        )
-    head.load_state_dict(state, strict=True, assign=True)
+    assign_strictly(head, state, "EAGLE-3", origin)
     if draft_tokens is not None and not torch.equal(head.t2d.nonzero()[:, 0], draft_tokens.sort().values):
         raise ConfigError(f"EAGLE-3 head '{origin}': t2d does not mark exactly the tokens d2t maps to")
-    head.rotary = LlamaRotaryEmbedding(config)  # real (not meta) rotary buffers
     weight = lm_head.weight  # .to(dtype) leaves the integer d2t and boolean t2d as they are
     return head.to(device=weight.device, dtype=weight.dtype).eval().requires_grad_(False)
 
@@ -254,14 +248,7 @@ def random_head(target: PreTrainedModel, seed: int, draft_vocab: int | None = No
     tokens = None
     if draft_vocab is not None and draft_vocab < config.vocab_size:
         tokens = torch.randperm(config.vocab_size, generator=generator)[:draft_vocab].sort().values
-    head = Eagle3Head(config, tokens, target.get_input_embeddings())
-    with torch.no_grad():
-        for name, param in head.named_parameters():
-            if name.endswith("norm.weight"):
-                continue  # RMSNorm gains stay 1
-            param.copy_(torch.randn(param.shape, generator=generator) / math.sqrt(param.shape[-1]))
-    weight = target.get_output_embeddings().weight
-    return head.to(device=weight.device, dtype=weight.dtype).eval().requires_grad_(False)
+    return randomized(Eagle3Head(config, tokens, target.get_input_embeddings()), generator, target)
 
 
 def published_head(path: str, revision: str | None, target: PreTrainedModel) -> tuple[Eagle3Head, list | None]:

@@ -229,26 +229,37 @@ def head_from_state(
         )
     with torch.device("meta"):
         head = EagleHead(config, fc_bias, None if own_embeddings else target.get_input_embeddings())
+    assign_strictly(head, state, "EAGLE", origin)
+    return head.to(device=lm_head.weight.device, dtype=lm_head.weight.dtype).eval().requires_grad_(False)
+
+
+def assign_strictly(head: FeatureHead, state: dict[str, torch.Tensor], kind: str, origin: str) -> None:
+    """Load ``state`` into a head built on the meta device, refusing missing or unexpected keys (``kind``: EAGLE or
+    EAGLE-3, for the message); then real rotary buffers."""
     expected = set(head.checkpoint_state())
     missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or unexpected:
         raise ConfigError(
-            f"EAGLE head '{origin}' does not match its config.json: missing keys {missing[:4]}, "
+            f"{kind} head '{origin}' does not match its config.json: missing keys {missing[:4]}, "
             f"unexpected keys {unexpected[:4]}"
         )
     head.load_state_dict(state, strict=True, assign=True)
-    head.rotary = LlamaRotaryEmbedding(config)  # real (not meta) rotary buffers
-    return head.to(device=lm_head.weight.device, dtype=lm_head.weight.dtype).eval().requires_grad_(False)
+    head.rotary = LlamaRotaryEmbedding(head.config)  # real (not meta) rotary buffers
 
 
 def random_head(target: PreTrainedModel, seed: int, num_layers: int = 1) -> EagleHead:
     """A seeded random head sharing the target's embeddings (tests and smoke runs of the machinery)."""
     head = EagleHead(config_for_target(target, num_layers), True, target.get_input_embeddings())
-    generator = torch.Generator().manual_seed(seed)
+    return randomized(head, torch.Generator().manual_seed(seed), target)
+
+
+def randomized(head: FeatureHead, generator: torch.Generator, target: PreTrainedModel):
+    """``head`` with seeded random weights (N(0, 1 / fan_in); RMSNorm gains stay 1), frozen, on the target's device
+    and in its dtype."""
     with torch.no_grad():
         for name, param in head.named_parameters():
             if name.endswith("norm.weight"):
-                continue  # RMSNorm gains stay 1
+                continue
             fan_in = param.shape[-1] if param.dim() > 1 else 1
             param.copy_(torch.randn(param.shape, generator=generator) / math.sqrt(fan_in))
     weight = target.get_output_embeddings().weight

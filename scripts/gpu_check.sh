@@ -19,7 +19,9 @@
 #                budget=auto beside AR (conf/bench/hardware_aware.yaml): the knob values the cost model picks on this
 #                GPU's latency curve, to set beside the CPU's choices (make bench-auto).
 # GPU_CHECK_PHASES picks phases (default "profile bench diagnose budgets"); GPU_CHECK_ENTRIES="LABEL ..." runs only
-# those bench entries (and AR); GPU_CHECK_LIMIT prompts (default 3) of GPU_CHECK_MAX_NEW_TOKENS (128).
+# those bench entries (and AR); GPU_CHECK_LIMIT prompts (default 3) of GPU_CHECK_MAX_NEW_TOKENS (128);
+# GPU_CHECK_DTYPE the target's dtype (float16; bfloat16). Every phase's log starts and ends with the cgroup's CPU
+# throttling counters and load, and its wall / user / system seconds.
 # FLAT (optional): a folder that receives each phase's log and, when the phase ends, its folder packed as
 # PHASE.tar.gz: for machines that hand back only a few flat files (the device tool's $OUT).
 #
@@ -44,6 +46,7 @@ CARRY="$ROOT/build/gpu_check"
 PYTHON="${PYTHON:-python3}"
 LIMIT="${GPU_CHECK_LIMIT:-3}"
 MAX_NEW_TOKENS="${GPU_CHECK_MAX_NEW_TOKENS:-128}"
+DTYPE="${GPU_CHECK_DTYPE:-float16}"
 PROFILE_SECONDS="${GPU_CHECK_PROFILE_SECONDS:-90}"
 BENCH_SECONDS="${GPU_CHECK_BENCH_SECONDS:-240}"
 BUDGETS_SECONDS="${GPU_CHECK_BUDGETS_SECONDS:-130}"
@@ -103,7 +106,16 @@ environment() {
   "$PYTHON" -c 'import torch, transformers, accelerate
 print("torch", torch.__version__, "cuda", torch.version.cuda, "devices", torch.cuda.device_count(),
       torch.cuda.get_device_name(0) if torch.cuda.is_available() else "NO CUDA DEVICE")
-print("transformers", transformers.__version__, "accelerate", accelerate.__version__)'
+print("transformers", transformers.__version__, "accelerate", accelerate.__version__)
+print("torch threads", torch.get_num_threads(), "interop", torch.get_num_interop_threads())'
+  echo "cpus: nproc $(nproc), $(grep -m1 'model name' /proc/cpuinfo), cgroup cpu.max: $(cat /sys/fs/cgroup/cpu.max /sys/fs/cgroup/cpu/cpu.cfs_quota_us 2>/dev/null | tr '\n' ' ')"
+}
+
+# The cgroup's CPU throttling counters and the load average: a launch-bound GPU forward slows when the process
+# is starved of CPU, which these show beside each phase.
+cpu_state() {
+  echo "cpu state $1: load $(cut -d' ' -f1-3 /proc/loadavg); $(grep -E 'nr_throttled|throttled_usec|usage_usec' \
+    /sys/fs/cgroup/cpu.stat /sys/fs/cgroup/cpu/cpu.stat 2>/dev/null | tr '\n' ' ')"
 }
 
 # Run one phase: "$@" capped at SECONDS (SIGINT first: the bench then closes its runs as interrupted), its output
@@ -111,8 +123,11 @@ print("transformers", transformers.__version__, "accelerate", accelerate.__versi
 phase() {
   local seconds="$1" log="$2"
   shift 2
-  timeout -s INT -k 20 "$seconds" "$@" 2>&1 | tee "$log"
-  local status="${PIPESTATUS[0]}"
+  cpu_state before | tee "$log"
+  local TIMEFORMAT="phase times: %R s wall, %U s user, %S s system"
+  { time (timeout -s INT -k 20 "$seconds" "$@" 2>&1 | tee -a "$log"; exit "${PIPESTATUS[0]}"); } 2>>"$log"
+  local status="$?"
+  cpu_state after | tee -a "$log"
   [[ "$status" == 0 ]] || echo "phase ended with status $status (124: its ${seconds} s cap)" | tee -a "$log"
   return "$status"
 }
@@ -144,13 +159,13 @@ main() {
   environment 2>&1 | tee "$logs/environment.txt"
   if wanted profile; then
     phase "$PROFILE_SECONDS" "$logs/profile.log" "$PYTHON" -m specbench.profile model=llama2_7b_random device=cuda \
-      dtype=float16 'context_lengths=[256,1024]' 'num_tokens=[1,2,4,8,16,32,64,128]' repeats=5 warmup=2 \
+      "dtype=$DTYPE" 'context_lengths=[256,1024]' 'num_tokens=[1,2,4,8,16,32,64,128]' repeats=5 warmup=2 \
       "output_dir=$out/profile" || true
     pack "$out" "$flat" profile
   fi
   # step_breakdown=true: the per-step overhead share needs the phase times (one sync per phase end;
   # every entry, AR included, pays them alike)
-  local bench=("$PYTHON" -m specbench.bench all_methods model=llama2_7b_random --device cuda --dtype float16
+  local bench=("$PYTHON" -m specbench.bench all_methods model=llama2_7b_random --device cuda --dtype "$DTYPE"
     --limit "$LIMIT" --max-new-tokens "$MAX_NEW_TOKENS" --out "$out" step_breakdown=true)
   if wanted bench; then
     local status=0 started=$SECONDS
@@ -172,7 +187,7 @@ main() {
   fi
   if wanted budgets; then
     phase "$BUDGETS_SECONDS" "$logs/budgets.log" "$PYTHON" -m specbench.bench hardware_aware \
-      model=llama2_7b_random --device cuda --dtype float16 --limit "$LIMIT" --max-new-tokens "$MAX_NEW_TOKENS" \
+      model=llama2_7b_random --device cuda --dtype "$DTYPE" --limit "$LIMIT" --max-new-tokens "$MAX_NEW_TOKENS" \
       --out "$out" calibration.prompts=2 --entries pld "pld auto" lookahead "lookahead auto" || true
     pack "$out" "$flat" hardware_aware
   fi

@@ -18,6 +18,10 @@
 #   budgets      DIR/hardware_aware/<session>/ (+ budgets.log): PLD and Lookahead at their default budget and at
 #                budget=auto beside AR (conf/bench/hardware_aware.yaml): the knob values the cost model picks on this
 #                GPU's latency curve, to set beside the CPU's choices (make bench-auto).
+#   cudnn        DIR/cudnn_on/all_methods/<session>/ (+ cudnn.log), not among the default phases: the bench phase's
+#                entries again with SPECBENCH_CUDNN_ATTENTION=1 (SDPA may pick cuDNN attention, which specbench
+#                switches off on CUDA: docs/measuring.md); e.g. GPU_CHECK_PHASES="bench cudnn" GPU_CHECK_ENTRIES=
+#                "hf_generate pld anpd lookahead lade self_draft" measures what the switch changes, in one call.
 # GPU_CHECK_PHASES picks phases (default "profile bench diagnose budgets"); GPU_CHECK_ENTRIES="LABEL ..." runs only
 # those bench entries (and AR); GPU_CHECK_LIMIT prompts (default 3) of GPU_CHECK_MAX_NEW_TOKENS (128);
 # GPU_CHECK_DTYPE the target's dtype (float16; bfloat16). Every phase's log starts and ends with the cgroup's CPU
@@ -177,6 +181,12 @@ main() {
       phase "$left" "$logs/bench_model_free.log" "${bench[@]}" --entries "${MODEL_FREE[@]}" || true
     fi
     pack "$out" "$flat" all_methods
+  fi
+  if wanted cudnn; then  # the bench's entries again with SDPA's cuDNN backend allowed (specbench's default: off)
+    # shellcheck disable=SC2086  # one word per entry label
+    SPECBENCH_CUDNN_ATTENTION=1 phase "$BENCH_SECONDS" "$logs/cudnn.log" "${bench[@]}" --out "$out/cudnn_on" \
+      ${ENTRIES:+--entries $ENTRIES} || true  # the later --out wins
+    pack "$out" "$flat" cudnn_on
   fi
   if wanted diagnose; then
     local session="${GPU_CHECK_DIAGNOSE:-$(ls -d "$out"/all_methods/*/ 2>/dev/null | tail -1)}"

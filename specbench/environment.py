@@ -52,6 +52,15 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+CUDNN_ATTENTION_ENV = "SPECBENCH_CUDNN_ATTENTION"
+"""Set to 1 to keep PyTorch's cuDNN attention backend for SDPA on CUDA (models.loading switches it off)."""
+
+
+def cudnn_attention(device: torch.device) -> bool | None:
+    """Whether SDPA may pick cuDNN attention on ``device`` in this process (None off CUDA, where it never does)."""
+    return os.environ.get(CUDNN_ATTENTION_ENV) == "1" if device.type == "cuda" else None
+
+
 def capture(device: torch.device, dtype: torch.dtype) -> dict:
     """Everything a reader needs to judge a timing: hardware, threads, library versions (the whole runtime
     dependency set and its match with the lock), code state."""
@@ -63,6 +72,7 @@ def capture(device: torch.device, dtype: torch.dtype) -> dict:
         "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        "cudnn_attention": cudnn_attention(device),
         "dtype": dtype_name(dtype),
         "python": platform.python_version(),
         "platform": platform.platform(),

@@ -8,8 +8,9 @@ from omegaconf import OmegaConf
 
 from specbench.config import compose_config as compose_run
 from specbench.config import group_options as options
+from specbench.environment import CUDNN_ATTENTION_ENV, capture, cudnn_attention
 from specbench.errors import ConfigError, ModelUnavailable
-from specbench.models.loading import load_model, resolve_device, resolve_dtype
+from specbench.models.loading import choose_attention_kernels, load_model, resolve_device, resolve_dtype
 
 PAPER_MODELS = [
     m
@@ -102,3 +103,24 @@ def test_device_and_dtype_resolution():
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="device=cpu"):
             resolve_device("cuda")
+
+
+@pytest.mark.parametrize("setting, expected", [(None, False), ("1", True), ("0", False)])
+def test_cuda_attention_leaves_out_cudnn_unless_asked(monkeypatch, setting, expected):
+    """On CUDA, SDPA's cuDNN backend (a graph build per new shape) is off unless SPECBENCH_CUDNN_ATTENTION=1,
+    and the run's environment records the choice; on the CPU nothing changes."""
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    if setting is None:
+        monkeypatch.delenv(CUDNN_ATTENTION_ENV, raising=False)
+    else:
+        monkeypatch.setenv(CUDNN_ATTENTION_ENV, setting)
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(not expected)
+        choose_attention_kernels(torch.device("cpu"))
+        assert torch.backends.cuda.cudnn_sdp_enabled() is (not expected)
+        assert capture(torch.device("cpu"), torch.float32)["cudnn_attention"] is None
+        choose_attention_kernels(torch.device("cuda"))
+        assert torch.backends.cuda.cudnn_sdp_enabled() is expected
+        assert cudnn_attention(torch.device("cuda")) is expected  # what capture() records on CUDA
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 from omegaconf import OmegaConf
 
+from specbench.environment import cudnn_attention
 from specbench.errors import ConfigError, ModelUnavailable
 from specbench.hub import hub_reachable
 from specbench.models.embedded import embedded_checkpoint
@@ -214,11 +215,26 @@ def placement(model: PreTrainedModel, device_map) -> dict | None:
     return getattr(model, "hf_device_map", None) or {"": str(model.device)}
 
 
+def choose_attention_kernels(device: torch.device) -> None:
+    """On CUDA, take SDPA's cuDNN backend out of PyTorch's choice (unless SPECBENCH_CUDNN_ATTENTION=1; the run's
+    environment records which, ``cudnn_attention``).
+
+    NOTE: cuDNN attention builds an execution graph for every new (query, key, mask) shape and caches it; an
+    eager decode loop meets a new key length at every step, so a masked forward (every tree or multi-token
+    verify, HF's masked prefill) pays the build each step. On an H200 (torch 2.11, cu130) the entries that
+    verify with a mask ran 50-60 ms per 7B forward instead of ~20 ms on every prompt after the warm-up's
+    (docs/measuring.md); flash and memory-efficient attention have no per-shape build.
+    """
+    if device.type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(bool(cudnn_attention(device)))
+
+
 def load_model(cfg, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     """Instantiate the model of a ``conf/model/*.yaml`` node on ``device`` (or its device map) in ``dtype``."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # per-tensor "Loading weights" bars would drown the run's own bar
+    choose_attention_kernels(device)
     device_map = device_map_setting(cfg)
     tokenizer = load_tokenizer(cfg)
     if cfg.source == "tiny":

@@ -27,27 +27,47 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den else None
 
 
+def ratio_parts(record: dict) -> dict[str, tuple[float, float]]:
+    """Each total/total metric's numerator and denominator in one record (the run's value = sum of numerators /
+    sum of denominators): throughput (tokens / seconds) and tokens per step (tokens after the prefill's / verify
+    forwards). ``aggregate`` and the bootstrap intervals of the report both sum these."""
+    return {
+        "throughput_total": (record["new_tokens"], record["wall_s"]),
+        "tokens_per_step": (max(record["new_tokens"] - 1, 0), record["target_forwards"]),
+    }
+
+
+RATIO_METRICS = ("throughput_total", "tokens_per_step")
+"""The metrics ``ratio_parts`` splits."""
+
+
+def summed_ratio(records: list[dict], metric: str) -> float | None:
+    """``metric`` (a ``ratio_parts`` key) over ``records``: sum of numerators / sum of denominators."""
+    parts = [ratio_parts(r)[metric] for r in records]
+    return _ratio(sum(num for num, _ in parts), sum(den for _, den in parts))
+
+
 def aggregate(records: Iterable[dict]) -> dict:
     """Throughput (total/total and mean per sample), tokens/step, acceptance, latency per step."""
     records = list(records)
     new = sum(r["new_tokens"] for r in records)
     wall = sum(r["wall_s"] for r in records)
     steps = sum(r["target_forwards"] for r in records)
-    step_tokens = sum(r["new_tokens"] - 1 for r in records if r["new_tokens"] > 0)
+    step_tokens = sum(ratio_parts(r)["tokens_per_step"][0] for r in records)
     drafted = sum(sum(r["draft_tokens"]) for r in records if r.get("draft_tokens") is not None)
     stepped = [r for r in records if r.get("step_s") is not None]
     timed = [r for r in records if r.get("verify_s") is not None]
     timed_step_s = sum(sum(r["step_s"]) for r in timed)
     outside_s = timed_step_s - sum(sum(r["verify_s"]) for r in timed)
     per_sample = [r["new_tokens"] / r["wall_s"] for r in records if r["wall_s"] > 0]
-    tokens_per_step = _ratio(step_tokens, steps)
+    tokens_per_step = summed_ratio(records, "tokens_per_step")
     return {
         "n_records": len(records),
         "new_tokens": new,
         "wall_s": wall,
         "prefill_s": sum(r["prefill_s"] for r in records),
         "target_forwards": steps,
-        "throughput_total": _ratio(new, wall),
+        "throughput_total": summed_ratio(records, "throughput_total"),
         "throughput_mean": _ratio(sum(per_sample), len(per_sample)),
         "tokens_per_step": tokens_per_step,
         "tokens_per_forward": _ratio(new, steps + len(records)),

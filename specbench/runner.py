@@ -52,9 +52,11 @@ RUN_ONLY_KEYS = (
     "step_breakdown",
     "debug",
     "calibration",
+    "protocol",
 )
 """Top-level keys that do not change what a sample's result is (excluded from the config digest). ``calibration``
-only steers ``budget=auto``, whose choice is stored with the run and reused when it resumes."""
+only steers ``budget=auto``, whose choice is stored with the run and reused when it resumes; ``protocol`` names the
+settings a paper's evaluation sets (which the digest holds), to give its runs their own folders."""
 
 
 @dataclass
@@ -92,6 +94,7 @@ class RunSettings:
     warmup: int
     calibration: CalibrationSettings
     output_dir: str
+    protocol: str | None
     data_dir: str | None
     force: bool
     progress: bool

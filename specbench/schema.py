@@ -70,7 +70,7 @@ SUMMARY_FIELDS: dict[str, str] = {
     "method": "method config name",
     "dataset": "dataset config name",
     "dataset_info": "Dataset.describe(): source (local:PATH, package, hub:ID), variant (e.g. MBPP "
-    "full/sanitized), counts, sampler and seed",
+    "full/sanitized), counts, the categories kept (null: all), sampler and seed",
     "prompt_format": "prompt format actually used (chat, raw, vicuna, llama2)",
     "lossless": "whether the method's output distribution equals the target's",
     "hyperparameters": "resolved method node (the drafter's knobs)",

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
-from specbench.config import CONF_DIR, compose_config
+from specbench.config import CONF_DIR, compose_config, suffix
 from specbench.metrics import run_summary
 from specbench.profile import CSV_FIELDS, MASKS, write_csv
 from specbench.reproduce.plan import experiment_names, load_plan, sweep_jobs
@@ -74,9 +74,10 @@ def job_config(job: list[str]) -> tuple[DictConfig, str]:
     overrides = OverridesParser.create().parse_overrides(job)
     groups = tuple(o.input_line for o in overrides if (CONF_DIR / o.key_or_group).is_dir())
     cfg = copy.deepcopy(_composed(groups))
-    for override in overrides:
-        if not (CONF_DIR / override.key_or_group).is_dir():
-            OmegaConf.update(cfg, override.key_or_group, override.value(), merge=False)
+    with open_dict(cfg):  # `+key=value` overrides add keys (dataset.categories)
+        for override in overrides:
+            if not (CONF_DIR / override.key_or_group).is_dir():
+                OmegaConf.update(cfg, override.key_or_group, override.value(), merge=False)
     excluded = set(cfg.hydra.job.config.override_dirname.exclude_keys)
     dirname = ",".join(sorted(o.input_line for o in overrides if o.key_or_group not in excluded))
     return cfg, dirname
@@ -84,14 +85,20 @@ def job_config(job: list[str]) -> tuple[DictConfig, str]:
 
 def run_folder(cfg: DictConfig, dirname: str) -> Path:
     """``<model>/<dataset>/T<temperature>-n<max_new_tokens>/<dirname>``, as the scales' output_dir."""
-    return Path(cfg.model.name, cfg.dataset.name, f"T{cfg.temperature}-n{cfg.max_new_tokens}", dirname)
+    dataset = cfg.dataset.name + suffix("@", cfg.get("protocol"))
+    return Path(cfg.model.name, dataset, f"T{cfg.temperature}-n{cfg.max_new_tokens}", dirname)
 
 
-def sample_keys(dataset: str, limit: int | None) -> list[tuple[str, int, str | None]]:
-    """(sample_id, n_turns, category) of the samples a run covers (MT-Bench: round robin over categories)."""
+def sample_keys(
+    dataset: str, limit: int | None, categories: list[str] | None = None
+) -> list[tuple[str, int, str | None]]:
+    """(sample_id, n_turns, category) of the samples a run covers (MT-Bench: round robin over its categories, or
+    over ``categories`` when the run keeps only those)."""
     count = min(limit, MAX_SAMPLES) if limit else DEFAULT_SAMPLES
     if dataset == "mt_bench":
-        return [(str(81 + 10 * index), 2, MT_BENCH_CATEGORIES[index]) for index in range(count)]
+        kept = list(categories or MT_BENCH_CATEGORIES)
+        rounds = [(index // len(kept), MT_BENCH_CATEGORIES.index(kept[index % len(kept)])) for index in range(count)]
+        return [(str(81 + 10 * column + row), 2, MT_BENCH_CATEGORIES[column]) for row, column in rounds]
     return [(f"{dataset}/{index}", 1, None) for index in range(count)]
 
 
@@ -195,7 +202,7 @@ def run_records(seed: int, cfg: DictConfig, folder: Path, run_id: str) -> list[d
         "drafted": 0 if ar else int(rng.integers(3, 64)),
     }
     records = []
-    for sample in sample_keys(cfg.dataset.name, cfg.limit):
+    for sample in sample_keys(cfg.dataset.name, cfg.limit, list(cfg.dataset.get("categories") or [])):
         prompt_tokens = int(rng.integers(40, 800))
         for turn in range(sample[1]):
             records.append(turn_record(rng, seed, cfg, run_id, pace, sample, turn, prompt_tokens))
@@ -218,6 +225,7 @@ def summary(cfg: DictConfig, folder: Path, run_id: str, records: list[dict], see
             "source": "fixture",
             "variant": None,
             "n_total": 80,
+            "categories": OmegaConf.to_object(cfg.dataset.categories) if cfg.dataset.get("categories") else None,
             "n_selected": 80,
             "sampler": None,
             "sample_size": None,
@@ -243,6 +251,8 @@ def summary(cfg: DictConfig, folder: Path, run_id: str, records: list[dict], see
 def digest_of(method: dict, cfg: DictConfig) -> str:
     """A config digest that, like the runner's, differs whenever the model, data, sampling or method differ."""
     identity = [method, cfg.model.name, cfg.dataset.name, cfg.temperature, cfg.top_p, cfg.max_new_tokens]
+    if cfg.dataset.get("categories"):
+        identity.append(list(cfg.dataset.categories))
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 

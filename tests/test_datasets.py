@@ -135,6 +135,25 @@ def test_mt_bench_categories_and_hub_records(shared_data):
     assert (sample.sample_id, sample.turns, sample.reference) == ("85", ["q1", "q2"], None)
 
 
+def test_categories_select_the_pool_before_sampling_and_order(shared_data):
+    """dataset.categories keeps only those categories' samples (Medusa's writing + roleplay questions), in the
+    dataset's order, recorded in the run's dataset description; a wrong or empty list names the valid ones."""
+    chosen = load("mt_bench", shared_data, "+dataset.categories=[writing,roleplay]")
+    everything = load("mt_bench", shared_data).samples()
+    assert [s.sample_id for s in chosen.samples()] == [
+        s.sample_id for s in everything if s.category in ("writing", "roleplay")
+    ]
+    assert len(chosen.samples()) == 20
+    assert chosen.describe()["categories"] == ["writing", "roleplay"] and chosen.describe()["n_selected"] == 20
+    mixed = load("mt_bench", shared_data, "+dataset.categories=[writing,roleplay]", "dataset.order=round_robin")
+    assert [s.category for s in mixed.samples(limit=4)] == ["writing", "roleplay", "writing", "roleplay"]
+    for wrong, message in (("[writin]", r"\['writin'\] are not categories .* 'writing'"), ("[]", "selects nothing")):
+        with pytest.raises(ConfigError, match=message):
+            load("mt_bench", shared_data, f"+dataset.categories={wrong}").samples()
+    with pytest.raises(ConfigError, match="uncategorized"):
+        load("humaneval", shared_data, "+dataset.categories=[code]").samples()
+
+
 def test_round_robin_order_spans_categories_with_a_small_limit(shared_data):
     canonical = load("mt_bench", shared_data).samples()
     mixed = load("mt_bench", shared_data, "dataset.order=round_robin")

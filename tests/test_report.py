@@ -126,6 +126,20 @@ def test_other_hardware_is_not_a_baseline():
     assert math.isnan(_row(compare.match_ar(moved, samples), "fake_humaneval")["speedup"])
 
 
+def test_a_run_kept_to_some_categories_pairs_with_the_ar_run_of_the_same_categories():
+    """An AR run of the same categories (dataset.categories) is preferred over a larger AR run of every one."""
+    runs, samples = read.load([RUNS])
+    ar = runs[runs["run_dir"].str.endswith("ar_humaneval")]
+    subset_ar = ar.assign(run_dir=ar["run_dir"] + "_subset", categories="writing,roleplay", n_records=1)
+    subset_samples = samples[samples["run_dir"].isin(ar["run_dir"])].assign(run_dir=lambda f: f["run_dir"] + "_subset")
+    fake = runs["run_dir"].str.endswith("fake_humaneval")
+    kept = runs.assign(categories=runs["categories"].where(~fake, "writing,roleplay"))
+    both = pd.concat([kept, subset_ar], ignore_index=True)
+    matched = compare.match_ar(both, pd.concat([samples, subset_samples], ignore_index=True))
+    assert _row(matched, "fake_humaneval")["ar_run_dir"].endswith("ar_humaneval_subset")
+    assert _row(compare.match_ar(runs, samples), "fake_humaneval")["ar_run_dir"].endswith("ar_humaneval")
+
+
 def test_exact_match_rate_and_first_divergence():
     """s1 diverges from AR at token 2; s0 and s2 match; s3 is not compared."""
     runs, samples = read.load([RUNS])

@@ -204,6 +204,7 @@ class Dataset:
         sample_size: int | None = None,
         sample_seed: int = 0,
         order: str = "canonical",
+        categories: list[str] | None = None,
     ):
         check_format(prompt_format)
         if order not in ORDERS:
@@ -216,6 +217,7 @@ class Dataset:
         self.data_dir = Path(data_dir).expanduser() if data_dir else None
         self.sample_size = sample_size
         self.sample_seed = sample_seed
+        self.categories = list(categories) if categories is not None else None  # None: every category
         self.resolved_source: str | None = None
         self._records: list[dict] | None = None
 
@@ -258,10 +260,26 @@ class Dataset:
         """The ``SAMPLERS`` key that draws ``sample_size`` records (may depend on the source)."""
         return self.sampler
 
+    def in_categories(self, records: list[dict], pool: list[int]) -> list[int]:
+        """The pool's records whose sample is in ``categories`` (e.g. Medusa's writing and roleplay questions); a
+        category no pool record has is a ConfigError that lists the ones there are."""
+        if self.categories is None:
+            return pool
+        category = {i: self.to_sample(i, records[i]).category for i in pool}
+        present = sorted({c for c in category.values() if c is not None})
+        unknown = sorted(set(self.categories) - set(present))
+        if unknown or not self.categories:
+            raise ConfigError(
+                f"dataset.categories: {unknown or '[]'} {'are not categories' if unknown else 'selects nothing'} of "
+                f"dataset {self.name}; its categories: {present or 'none (an uncategorized dataset)'}"
+            )
+        return [i for i in pool if category[i] in self.categories]
+
     def selection(self) -> list[int]:
-        """Indices of the evaluated records, in evaluation order: the pool, subsampled if configured."""
+        """Indices of the evaluated records, in evaluation order: the pool (within ``categories`` when given),
+        subsampled if configured."""
         records = self.records()
-        pool = self.pool(records)
+        pool = self.in_categories(records, self.pool(records))
         if self.sample_size is None:
             return pool
         if self.sample_size < 1:
@@ -288,6 +306,7 @@ class Dataset:
             "source": self.resolved_source,
             "variant": self.variant,
             "n_total": len(self.pool(self.records())),
+            "categories": self.categories,
             "n_selected": len(selection),
             "sampler": self.sampler_used() if subsampled else None,
             "sample_size": self.sample_size,

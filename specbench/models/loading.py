@@ -123,6 +123,10 @@ def checkpoint_path(cfg) -> str:
     """Where a ``conf/model`` node's files live (tiny models borrow the embedded model's tokenizer)."""
     if cfg.source not in SOURCES:
         raise ConfigError(f"model.source must be one of {SOURCES}; got {cfg.source!r}")
+    if cfg.source == "hub" and not cfg.path:  # a model with no published checkpoint (model.obtain says how)
+        raise ModelUnavailable(
+            f"model {cfg.name} names no checkpoint: {cfg.get('obtain') or 'set model.path=<Hub id or folder>'}"
+        )
     return str(embedded_checkpoint()) if cfg.source in ("embedded", "tiny") else cfg.path
 
 

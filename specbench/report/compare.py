@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from specbench.metrics import RATIO_METRICS, ratio_parts
 from specbench.report.read import load_samples
 
 AR_METHOD = "ar"
@@ -59,11 +60,11 @@ def first_divergence(output: Sequence[int], reference: Sequence[int]) -> int:
 def _ar_partners(runs: pd.DataFrame) -> pd.Series:
     """run_dir -> run_dir of its AR baseline (an AR run sharing MATCH_KEYS).
 
-    Preference: the bench session's baseline entry, then the run itself if it is AR, then the same
-    seed, then the run with most records.
+    Preference: the bench session's baseline entry, then the run itself if it is AR, then the same dataset
+    categories (``dataset.categories``), then the same seed, then the run with most records.
     """
-    ar = runs.loc[runs["method"] == AR_METHOD, [*MATCH_KEYS, "run_dir", "seed", "n_records", "entry"]]
-    own = runs[["run_dir", "seed", "baseline_entry", *MATCH_KEYS]]
+    ar = runs.loc[runs["method"] == AR_METHOD, [*MATCH_KEYS, "run_dir", "seed", "n_records", "entry", "categories"]]
+    own = runs[["run_dir", "seed", "baseline_entry", "categories", *MATCH_KEYS]]
     pairs = own.merge(ar, on=MATCH_KEYS, suffixes=("", "_ar"))
     is_baseline = (pairs["baseline_entry"] != "") & (pairs["entry"] == pairs["baseline_entry"])
     preference = pd.DataFrame(
@@ -72,11 +73,14 @@ def _ar_partners(runs: pd.DataFrame) -> pd.Series:
             "ar_run_dir": pairs["run_dir_ar"],
             "not_baseline": ~is_baseline,
             "other_run": pairs["run_dir"] != pairs["run_dir_ar"],
+            "other_categories": pairs["categories"] != pairs["categories_ar"],
             "other_seed": pairs["seed"] != pairs["seed_ar"],
             "fewer": -pairs["n_records"],
         }
     )
-    best = preference.sort_values(["run_dir", "not_baseline", "other_run", "other_seed", "fewer", "ar_run_dir"])
+    best = preference.sort_values(
+        ["run_dir", "not_baseline", "other_run", "other_categories", "other_seed", "fewer", "ar_run_dir"]
+    )
     return best.drop_duplicates("run_dir").set_index("run_dir")["ar_run_dir"]
 
 
@@ -175,6 +179,27 @@ def speedup_statistics(pairs: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
     return pd.DataFrame.from_dict(
         rows, orient="index", columns=["speedup_per_sample", "speedup_ci_low", "speedup_ci_high"]
     )
+
+
+def rate_intervals(samples: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
+    """Per run: a 95 % bootstrap interval over its samples of each total/total metric (``ratio_parts``: throughput,
+    tokens per step), as ``<metric>_ci_low`` / ``<metric>_ci_high``, so a single run's point gets an interval."""
+    rng = np.random.default_rng(seed)
+    columns = [f"{metric}_ci_{side}" for metric in RATIO_METRICS for side in ("low", "high")]
+    rows = {}
+    for run_dir, group in samples.groupby("run_dir"):
+        parts = [ratio_parts(record) for record in group.to_dict("records")]
+        draws = rng.integers(len(parts), size=(BOOTSTRAP_SAMPLES, len(parts)))  # [B, n] resampled indices
+        row = {}
+        for metric in RATIO_METRICS:
+            num, den = (np.array([p[metric][k] for p in parts], float) for k in (0, 1))
+            with np.errstate(divide="ignore", invalid="ignore"):
+                boot = num[draws].sum(1) / den[draws].sum(1)  # [B]
+            boot = boot[np.isfinite(boot)]  # draws whose denominator summed to 0 (no steps) have no value
+            low, high = np.quantile(boot, [0.025, 0.975]) if len(boot) else (np.nan, np.nan)
+            row[f"{metric}_ci_low"], row[f"{metric}_ci_high"] = low, high
+        rows[run_dir] = row
+    return pd.DataFrame.from_dict(rows, orient="index", columns=columns)
 
 
 SHORT_COMMIT = 7

@@ -27,6 +27,7 @@ RUN_COLUMNS = [
     "model",
     "method",
     "dataset",
+    "categories",
     "temperature",
     "top_p",
     "seed",
@@ -210,6 +211,7 @@ def _identity(run_dir: Path, summary: dict) -> dict:
         "model": summary["model"],
         "method": summary["method"],
         "dataset": summary["dataset"],
+        "categories": ",".join((summary.get("dataset_info") or {}).get("categories") or []),  # "" = every one
         "temperature": sampling["temperature"],
         "top_p": sampling["top_p"],
         "seed": sampling["seed"],

@@ -22,7 +22,7 @@ import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from specbench.config import CONF_DIR, compose_config
+from specbench.config import CONF_DIR, compose_config, suffix
 from specbench.reproduce.plan import Plan, sweep_jobs
 from specbench.reproduce.results import default_knobs, flatten, setting_text
 from specbench.reproduce.tables import CATEGORY_KEY, MEASURED_METRICS, draft_measured, parse_setting
@@ -75,13 +75,15 @@ def job_config(job: list[str]) -> DictConfig:
 
 
 def run_folder(cfg: DictConfig, overrides: list[str]) -> str:
-    """``<model>/<dataset>/T<temperature>-n<max_new_tokens>/<override dirname>``, as the scales' output_dir."""
+    """``<model>/<dataset>[@<protocol>]/T<temperature>-n<max_new_tokens>/<override dirname>``, as the scales'
+    output_dir."""
     excluded = set(
         OmegaConf.select(cfg, "hydra.job.config.override_dirname.exclude_keys", default=None) or _scale_exclude_keys()
     )
     parsed = OverridesParser.create().parse_overrides(overrides)
     dirname = ",".join(sorted(str(o.input_line) for o in parsed if o.key_or_group not in excluded))
-    return f"{cfg.model.name}/{cfg.dataset.name}/T{cfg.temperature}-n{cfg.max_new_tokens}/{dirname}"
+    protocol = suffix("@", cfg.get("protocol"))
+    return f"{cfg.model.name}/{cfg.dataset.name}{protocol}/T{cfg.temperature}-n{cfg.max_new_tokens}/{dirname}"
 
 
 @cache

@@ -19,7 +19,7 @@ from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf
 
 from specbench.config import compose_config
-from specbench.report.compare import match_ar, paired_samples, speedup_statistics
+from specbench.report.compare import match_ar, paired_samples, rate_intervals, speedup_statistics
 from specbench.report.read import Run, find_run_dirs, read_run, runs_frame, samples_frame, split_by
 from specbench.runner import without_locations
 
@@ -137,9 +137,10 @@ def results_of(runs: list[Run]) -> Results:
     frame, samples = runs_frame(runs), samples_frame(runs)
     matched = match_ar(frame, samples).merge(_extras_frame(frame["run_dir"]), on="run_dir")
     pairs = paired_samples(matched, samples)
-    return Results(
-        matched.merge(speedup_statistics(pairs), left_on="run_dir", right_index=True, how="left"), samples, pairs
+    with_intervals = matched.merge(speedup_statistics(pairs), left_on="run_dir", right_index=True, how="left").merge(
+        rate_intervals(samples), left_on="run_dir", right_index=True, how="left"
     )
+    return Results(with_intervals, samples, pairs)
 
 
 def stamp(runs: pd.DataFrame) -> str:

@@ -56,7 +56,7 @@ MEASURED_METRICS = {
 }
 PAIRED = ("speedup", "overhead")
 """Metrics measured against the AR run of the same setting (its commit counts too)."""
-LOWER_IS_BETTER = ("overhead", "peak_memory_gib")
+LOWER_IS_BETTER = ("overhead", "peak_memory_gib", "latency_s")
 METRIC_NAMES = {
     "throughput": "tok/s",
     "speedup": "speedup (×)",
@@ -65,13 +65,15 @@ METRIC_NAMES = {
     "peak_memory_gib": "peak memory (GiB)",
     "draft_hit_ratio": "draft hit ratio",
     "theoretical_speedup": "theor. speedup (×)",
+    "latency_s": "latency (s/query)",
+    "mt_bench_score": "MT-Bench score (GPT-4 judge)",
 }
 CATEGORY_KEY = "category"
 DRAFTS_MEASURED = ("", "L-68M")
 """Drafts the stand-in scale measures: the stand-in's distilled draft stands in for LLaMA-68M (OPT-Tree's L-68M)."""
 DEFAULT_DRAFT_LABEL = "L-68M"
 """The paper's name of a model config's draft when the config does not say (``draft.paper_label``): most model
-configs run LLaMA-68M; vicuna_33b runs Vicuna-7B (V-7B) and llama2_70b LLaMA-2-7B (L-7B), as OPT-Tree did.
+configs run LLaMA-68M; vicuna_33b runs Vicuna-7B (V-7B) and llama2_70b(_chat) LLaMA-2-7B(-chat) (L-7B), as OPT-Tree did.
 Rows with L-1B drafts are never measured (no such model); rows with EAGLE drafts are measured by the methods
 whose config names that draft (``paper_draft``: eagle, eagle2, opt_tree_eagle)."""
 GROUP_KEYS = [
@@ -253,6 +255,7 @@ def matching_runs(row: pd.Series, runs: pd.DataFrame, stand_in: str | None) -> p
     same = runs[
         (runs["model"] == model)
         & (runs["dataset"] == dataset)
+        & (runs["categories"] == "")  # a run kept to some categories (dataset.categories) measures no paper row
         & (runs["method"] == row["method"])
         & np.isclose(runs["temperature"], float(row["temperature"] or 0))
     ]

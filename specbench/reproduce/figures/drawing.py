@@ -61,7 +61,7 @@ PAPER_MARKERS = ("*", "X", "P", "h", "d", "p")
 PAPER_COLOUR = "black"
 PAPER_CELLS = (
     "red box: the setting the paper reports, its numbers printed in red (tokens per step and speedup as "
-    "published, throughput as the paper's speedup × the measured AR throughput)"
+    "published; 'paper-derived' throughput: the paper's speedup × the measured AR throughput)"
 )
 SAVE_OPTIONS: dict[str, dict[str, Any]] = {
     ".png": {"dpi": 150, "metadata": {"Software": None}},
@@ -114,10 +114,12 @@ def sweep(
     axes: tuple[str, ...] = (),
     temperature: float | None = 0.0,
     coupled: tuple[str, ...] = (),
+    categories: str = "",
 ) -> pd.DataFrame:
     """The runs of ``methods`` on ``dataset`` (None: any; its categories too) at ``temperature`` (None: any)
-    that change no knob besides ``axes`` and ``coupled``, with each axis's value as a column."""
-    chosen = runs[runs["method"].isin(methods)]
+    that change no knob besides ``axes`` and ``coupled``, with each axis's value as a column; only runs of the
+    whole dataset, or of the ``categories`` it names (``dataset.categories`` joined by commas)."""
+    chosen = runs[runs["method"].isin(methods) & (runs["categories"] == categories)]
     if dataset is not None:
         chosen = chosen[chosen["dataset"].str.split("/", n=1).str[0] == dataset]
     if temperature is not None:
@@ -168,14 +170,15 @@ def ar_throughput(results: Results, runs: pd.DataFrame) -> pd.Series:
 
 def points(frame: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
     """Per x value: the mean of ``y`` over its runs and an error interval (std over 2+ runs; a single run's
-    bootstrap interval for speedup), as ``mean``, ``low``, ``high``."""
+    bootstrap interval over its samples for speedup, throughput and tokens per step), as ``mean``, ``low``,
+    ``high``; NaN where there is none (peak memory is one value per run)."""
     rows = []
     for value, group in frame.dropna(subset=[y]).groupby(x, sort=True, observed=True):
         mean = float(group[y].mean())
         if len(group) > 1:
             low, high = mean - float(group[y].std()), mean + float(group[y].std())
-        elif y == "speedup" and {"speedup_ci_low", "speedup_ci_high"} <= set(group):
-            low, high = float(group["speedup_ci_low"].iloc[0]), float(group["speedup_ci_high"].iloc[0])
+        elif {f"{y}_ci_low", f"{y}_ci_high"} <= set(group):
+            low, high = float(group[f"{y}_ci_low"].iloc[0]), float(group[f"{y}_ci_high"].iloc[0])
         else:
             low = high = math.nan
         rows.append((value, mean, low, high))
@@ -397,8 +400,9 @@ def plot_heatmap(ax, frame: pd.DataFrame, row: str, col: str, value: str, aggfun
     return grid
 
 
-def mark_cells(ax, grid: pd.DataFrame, marks: pd.DataFrame) -> None:
-    """Outline each cell that has published numbers and print them (red) under the measured value."""
+def mark_cells(ax, grid: pd.DataFrame, marks: pd.DataFrame, derived: bool) -> None:
+    """Outline each cell that has published numbers and print them (red) under the measured value, labelled as
+    derived where they are (a throughput: the paper's speedup x the measured AR throughput)."""
     for (row, col), values in marks.groupby("x", sort=True)["value"]:
         if row in grid.index and col in grid.columns:
             i, j = grid.index.get_loc(row), grid.columns.get_loc(col)
@@ -406,7 +410,7 @@ def mark_cells(ax, grid: pd.DataFrame, marks: pd.DataFrame) -> None:
             ax.text(
                 j,
                 i - 0.3,
-                "paper " + " / ".join(f"{value:.3g}" for value in values),
+                ("paper-derived " if derived else "paper ") + " / ".join(f"{value:.3g}" for value in values),
                 ha="center",
                 va="center",
                 fontsize=5.5,
@@ -481,7 +485,7 @@ def heat_figure(
             grid = plot_heatmap(axes[i, j], chosen, row, col, value, aggfunc)
             if "run_dir" in chosen:
                 marks = paper_marks(ctx, chosen.assign(cell=list(zip(chosen[row], chosen[col]))), "cell", value)
-                mark_cells(axes[i, j], grid, marks)
+                mark_cells(axes[i, j], grid, marks, derived=value == "throughput_total")
                 marked += len(marks)
             axes[i, j].set_title(f"{model}: {label}", fontsize=9)
     footer, warnings = run_footer(runs)

@@ -27,7 +27,7 @@ from specbench.reproduce.figures.drawing import (
     sweep,
     text,
 )
-from specbench.reproduce.results import Results
+from specbench.reproduce.results import Results, knob
 from specbench.reproduce.tables import paper_values
 
 # the knobs the papers sweep (method config keys below `method.`)
@@ -39,6 +39,9 @@ TREE_KIND, EPSILON = "drafter.tree.kind", "acceptance_kwargs.posterior_threshold
 DECODING_LENGTH, BRANCH_LENGTH = "drafter.decoding_length", "drafter.branch_length"
 WINDOW, NGRAM = "drafter.window_size", "drafter.ngram_size"
 WARMUP, CAPACITY, CAPACITY_DEFAULT = "drafter.warmup.dataset", "drafter.output_node_capacity_factor", 16
+SUBSTITUTE = {WARMUP: "dolly", BRANCH_LENGTH: 8}
+"""Lookahead's Dolly substitute setting (r5_table4: the dev warm-up, L_b 8), which the public substitutes of its
+Tables 5, 6 and Fig 6 share; each varies one knob from it."""
 ABLATIONS = {
     "drafter.insert_prompt": "w/o prompt",
     "drafter.insert_output": "w/o output",  # conf/lookahead_ablation
@@ -211,14 +214,20 @@ def medusa_fig4b_categories(ctx: Context) -> Drawn | None:
     )
 
 
+MEDUSA_ABLATION = "writing,roleplay"
+"""The MT-Bench categories of Medusa's tree and typical-acceptance ablations (Fig 6, Fig 7)."""
+
+
 def medusa_fig6_tree_size(ctx: Context) -> Drawn | None:
-    """Medusa Fig 6: acceleration rate and tokens/s against the drafted nodes per step, sparse vs dense trees."""
+    """Medusa Fig 6: acceleration rate and tokens/s against the drafted nodes per step, sparse vs dense trees, on
+    the writing and roleplay questions (the paper's subset; Vicuna-7B is the only model that runs there)."""
     runs = sweep(
         ctx.results.runs,
         ["medusa"],
         "mt_bench",
         (TREE_KIND,),
         coupled=("drafter.tree.sizes", "drafter.tree.node_budget"),
+        categories=MEDUSA_ABLATION,
     )
     runs = runs.assign(drafted_per_step=runs["run_dir"].map(drafted_per_step(ctx.results.samples)))
     return line_figure(
@@ -237,13 +246,15 @@ def medusa_fig7_epsilon(ctx: Context) -> Drawn | None:
     exact sample-and-match (T = 0.7) and greedy (T = 0) runs as references."""
     runs = ctx.results.runs
     references = {
-        "Medusa, sample-and-match (T = 0.7)": sweep(runs, ["medusa"], "mt_bench", temperature=0.7),
-        "Medusa, greedy (T = 0)": sweep(runs, ["medusa"], "mt_bench"),
+        "Medusa, sample-and-match (T = 0.7)": sweep(
+            runs, ["medusa"], "mt_bench", temperature=0.7, categories=MEDUSA_ABLATION
+        ),
+        "Medusa, greedy (T = 0)": sweep(runs, ["medusa"], "mt_bench", categories=MEDUSA_ABLATION),
     }
     return line_figure(
         ctx,
         "Medusa Fig 7: typical acceptance, acceleration rate vs ε (δ = √ε)",
-        sweep(runs, ["medusa_typical"], "mt_bench", (EPSILON,), temperature=0.7),
+        sweep(runs, ["medusa_typical"], "mt_bench", (EPSILON,), temperature=0.7, categories=MEDUSA_ABLATION),
         EPSILON,
         {"tokens_per_step": "acceleration rate (tokens per step)", **THROUGHPUT},
         label="Medusa, typical acceptance (T = 0.7)",
@@ -300,7 +311,7 @@ def relative_memory(runs: pd.DataFrame) -> pd.Series:
 def lookahead_fig6_memory(ctx: Context) -> Drawn | None:
     """Lookahead Fig 6: peak memory against decoding length (hierarchical lookahead), from zero, and relative to the
     shortest decoding length beside the paper's relative increase (its GPU and model differ)."""
-    runs = sweep(ctx.results.runs, ["lookahead"], "dolly", (DECODING_LENGTH,))
+    runs = substitute_runs(sweep(ctx.results.runs, ["lookahead"], "dolly", (DECODING_LENGTH,), coupled=(*SUBSTITUTE,)))
     if runs.empty or runs[DECODING_LENGTH].nunique() < 2:
         return None
     runs = runs.assign(relative=relative_memory(runs))
@@ -331,11 +342,19 @@ def lookahead_fig6_memory(ctx: Context) -> Drawn | None:
     return finish(fig, f"Lookahead Fig 6: peak memory vs decoding length\n{scope(runs)}", runs)
 
 
+def substitute_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs at Lookahead's Dolly substitute setting (``SUBSTITUTE``'s knob values, defaults counted)."""
+    kept = [
+        all(text(value) == text(setting) for value, setting in zip(values, SUBSTITUTE.values()))
+        for values in zip(*(knob(runs, key) for key in SUBSTITUTE))
+    ]
+    return runs[np.array(kept, dtype=bool)] if len(runs) else runs
+
+
 def lookahead_table5_rows(results: Results) -> pd.DataFrame:
     """Hierarchical Lookahead on Dolly with the dev warm-up: full (r5_table4) and one Table 5 switch each
     (r5_ablation), labelled, throughput relative to the full runs of the same model."""
-    runs = sweep(results.runs, ["lookahead"], "dolly", coupled=(WARMUP, *ABLATIONS))
-    runs = runs[runs.get(f"hp.{WARMUP}", pd.Series(np.nan, index=runs.index)).map(is_set)]
+    runs = substitute_runs(sweep(results.runs, ["lookahead"], "dolly", coupled=(*SUBSTITUTE, *ABLATIONS)))
     if runs.empty:
         return runs
     labels = [
@@ -350,7 +369,7 @@ def lookahead_table5_rows(results: Results) -> pd.DataFrame:
 
 def lookahead_capacity_rows(results: Results) -> pd.DataFrame:
     """Hierarchical Lookahead on Dolly per trie capacity, throughput relative to the default (16 x L_d)."""
-    capacity = sweep(results.runs, ["lookahead"], "dolly", (CAPACITY,))
+    capacity = substitute_runs(sweep(results.runs, ["lookahead"], "dolly", (CAPACITY,), coupled=(*SUBSTITUTE,)))
     if capacity.empty:
         return capacity
     default = capacity[capacity[CAPACITY] == CAPACITY_DEFAULT].groupby("model")["throughput_total"].mean()

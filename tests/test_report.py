@@ -140,6 +140,23 @@ def test_a_run_kept_to_some_categories_pairs_with_the_ar_run_of_the_same_categor
     assert _row(compare.match_ar(runs, samples), "fake_humaneval")["ar_run_dir"].endswith("ar_humaneval")
 
 
+def test_rate_intervals_bracket_each_runs_totals_and_vanish_for_one_sample():
+    """The bootstrap interval of throughput and tokens/step holds the run's own total/total value; a run of one
+    identical record has a zero-width interval at it; a record without steps leaves tokens/step undefined."""
+    runs, samples = read.load([RUNS])
+    intervals = runs.merge(compare.rate_intervals(samples), left_on="run_dir", right_index=True)
+    for metric in ("throughput_total", "tokens_per_step"):
+        defined = intervals.dropna(subset=[metric])
+        assert (defined[f"{metric}_ci_low"] <= defined[metric] + 1e-9).all()
+        assert (defined[metric] <= defined[f"{metric}_ci_high"] + 1e-9).all()
+    record = {"run_dir": "one", "new_tokens": 9, "wall_s": 3.0, "target_forwards": 4}
+    single = compare.rate_intervals(pd.DataFrame([record, record]))
+    assert single.loc["one", "throughput_total_ci_low"] == single.loc["one", "throughput_total_ci_high"] == 3.0
+    assert single.loc["one", "tokens_per_step_ci_low"] == pytest.approx(2.0)
+    stepless = compare.rate_intervals(pd.DataFrame([{**record, "new_tokens": 1, "target_forwards": 0}]))
+    assert math.isnan(stepless.loc["one", "tokens_per_step_ci_low"])
+
+
 def test_exact_match_rate_and_first_divergence():
     """s1 diverges from AR at token 2; s0 and s2 match; s3 is not compared."""
     runs, samples = read.load([RUNS])

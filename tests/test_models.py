@@ -17,6 +17,7 @@ PAPER_MODELS = [
     for m in options("model")
     if compose_run(f"model={m}").model.source == "hub"
     and not OmegaConf.is_missing(compose_run(f"model={m}").model, "path")
+    and compose_run(f"model={m}").model.path  # alpaca_7b: no published checkpoint (next test)
 ]
 
 
@@ -52,6 +53,18 @@ def test_paper_models_fail_fast_offline_with_advice(no_hub, name):
         load_model(cfg, torch.device("cpu"), torch.float32)
     assert time.time() - start < 10
     assert cfg.path in str(info.value) and "model.path=" in str(info.value)
+
+
+def test_a_model_without_a_published_checkpoint_says_how_to_get_it():
+    """alpaca_7b names no checkpoint (only a weight diff was released): loading it says how to recover it."""
+    cfg = compose_run("model=alpaca_7b").model
+    with pytest.raises(ModelUnavailable, match=r"weight_diff\.py recover.*model\.path=") as info:
+        load_model(cfg, torch.device("cpu"), torch.float32)
+    assert "alpaca_7b" in str(info.value)
+    given = compose_run("model=alpaca_7b", "model.path=/no/such/folder").model
+    with pytest.raises((ModelUnavailable, OSError)) as info:  # the given folder is tried, not refused
+        load_model(given, torch.device("cpu"), torch.float32)
+    assert "names no checkpoint" not in str(info.value)
 
 
 def test_generic_hub_model_needs_a_path(tmp_path):

@@ -41,33 +41,32 @@ RATIO_METRICS = ("throughput_total", "tokens_per_step")
 """The metrics ``ratio_parts`` splits."""
 
 
-def summed_ratio(records: list[dict], metric: str) -> float | None:
-    """``metric`` (a ``ratio_parts`` key) over ``records``: sum of numerators / sum of denominators."""
-    parts = [ratio_parts(r)[metric] for r in records]
-    return _ratio(sum(num for num, _ in parts), sum(den for _, den in parts))
+def summed_parts(records: list[dict]) -> dict[str, tuple[float, float]]:
+    """Each ``ratio_parts`` metric's numerators and denominators summed over ``records``."""
+    parts = [ratio_parts(r) for r in records]
+    return {metric: (sum(p[metric][0] for p in parts), sum(p[metric][1] for p in parts)) for metric in RATIO_METRICS}
 
 
 def aggregate(records: Iterable[dict]) -> dict:
     """Throughput (total/total and mean per sample), tokens/step, acceptance, latency per step."""
     records = list(records)
-    new = sum(r["new_tokens"] for r in records)
-    wall = sum(r["wall_s"] for r in records)
-    steps = sum(r["target_forwards"] for r in records)
-    step_tokens = sum(ratio_parts(r)["tokens_per_step"][0] for r in records)
+    totals = summed_parts(records)
+    new, wall = totals["throughput_total"]
+    step_tokens, steps = totals["tokens_per_step"]
     drafted = sum(sum(r["draft_tokens"]) for r in records if r.get("draft_tokens") is not None)
     stepped = [r for r in records if r.get("step_s") is not None]
     timed = [r for r in records if r.get("verify_s") is not None]
     timed_step_s = sum(sum(r["step_s"]) for r in timed)
     outside_s = timed_step_s - sum(sum(r["verify_s"]) for r in timed)
     per_sample = [r["new_tokens"] / r["wall_s"] for r in records if r["wall_s"] > 0]
-    tokens_per_step = summed_ratio(records, "tokens_per_step")
+    tokens_per_step = _ratio(step_tokens, steps)
     return {
         "n_records": len(records),
         "new_tokens": new,
         "wall_s": wall,
         "prefill_s": sum(r["prefill_s"] for r in records),
         "target_forwards": steps,
-        "throughput_total": summed_ratio(records, "throughput_total"),
+        "throughput_total": _ratio(new, wall),
         "throughput_mean": _ratio(sum(per_sample), len(per_sample)),
         "tokens_per_step": tokens_per_step,
         "tokens_per_forward": _ratio(new, steps + len(records)),

@@ -311,7 +311,7 @@ def relative_memory(runs: pd.DataFrame) -> pd.Series:
 def lookahead_fig6_memory(ctx: Context) -> Drawn | None:
     """Lookahead Fig 6: peak memory against decoding length (hierarchical lookahead), from zero, and relative to the
     shortest decoding length beside the paper's relative increase (its GPU and model differ)."""
-    runs = substitute_runs(sweep(ctx.results.runs, ["lookahead"], "dolly", (DECODING_LENGTH,), coupled=(*SUBSTITUTE,)))
+    runs = substitute_sweep(ctx.results.runs, (DECODING_LENGTH,))
     if runs.empty or runs[DECODING_LENGTH].nunique() < 2:
         return None
     runs = runs.assign(relative=relative_memory(runs))
@@ -342,8 +342,10 @@ def lookahead_fig6_memory(ctx: Context) -> Drawn | None:
     return finish(fig, f"Lookahead Fig 6: peak memory vs decoding length\n{scope(runs)}", runs)
 
 
-def substitute_runs(runs: pd.DataFrame) -> pd.DataFrame:
-    """The runs at Lookahead's Dolly substitute setting (``SUBSTITUTE``'s knob values, defaults counted)."""
+def substitute_sweep(runs: pd.DataFrame, axes: tuple[str, ...] = (), coupled: tuple[str, ...] = ()) -> pd.DataFrame:
+    """Hierarchical Lookahead's Dolly runs at the substitute setting (``SUBSTITUTE``'s knob values, defaults
+    counted) that vary ``axes`` (and ``coupled``) from it: ``sweep`` with the setting's knobs allowed, then held."""
+    runs = sweep(runs, ["lookahead"], "dolly", axes, coupled=(*SUBSTITUTE, *coupled))
     kept = [
         all(text(value) == text(setting) for value, setting in zip(values, SUBSTITUTE.values()))
         for values in zip(*(knob(runs, key) for key in SUBSTITUTE))
@@ -354,7 +356,7 @@ def substitute_runs(runs: pd.DataFrame) -> pd.DataFrame:
 def lookahead_table5_rows(results: Results) -> pd.DataFrame:
     """Hierarchical Lookahead on Dolly with the dev warm-up: full (r5_table4) and one Table 5 switch each
     (r5_ablation), labelled, throughput relative to the full runs of the same model."""
-    runs = substitute_runs(sweep(results.runs, ["lookahead"], "dolly", coupled=(*SUBSTITUTE, *ABLATIONS)))
+    runs = substitute_sweep(results.runs, coupled=tuple(ABLATIONS))
     if runs.empty:
         return runs
     labels = [
@@ -369,7 +371,7 @@ def lookahead_table5_rows(results: Results) -> pd.DataFrame:
 
 def lookahead_capacity_rows(results: Results) -> pd.DataFrame:
     """Hierarchical Lookahead on Dolly per trie capacity, throughput relative to the default (16 x L_d)."""
-    capacity = substitute_runs(sweep(results.runs, ["lookahead"], "dolly", (CAPACITY,), coupled=(*SUBSTITUTE,)))
+    capacity = substitute_sweep(results.runs, (CAPACITY,))
     if capacity.empty:
         return capacity
     default = capacity[capacity[CAPACITY] == CAPACITY_DEFAULT].groupby("model")["throughput_total"].mean()

@@ -20,7 +20,7 @@ export SPECBENCH_CORPUS_DIR ?= $(SHARED)/corpus/sotu_1946_2026
 
 .PHONY: install lock lock-upgrade check-latest demo test test-fast fuzz lint bench-ar bench-model-free bench-draft bench-medusa bench-eagle bench-quality bench-auto bench-figures bench-all train-draft train-medusa \
 	train-hydra train-eagle train-eagle3 profile report \
-	reproduce-tables reproduce-run reproduce-build parity parity-lade parity-venv-lade clean
+	reproduce-tables reproduce-run reproduce-build parity clean
 
 SCALE ?= smoke
 REPRODUCE_ARGS ?=    # e.g. --results-root results/experiments/mine, --only r3_tables, device=cuda
@@ -137,24 +137,16 @@ reproduce-run: install  ## only run the SCALE's experiments (Hydra multiruns; co
 reproduce-build: install  ## only rebuild the SCALE's tables and figures from the stored runs
 	$(PY) -m specbench.reproduce build --scale $(SCALE) $(REPRODUCE_ARGS)
 
-# Parity with the official code (not part of `make test`): the official package runs in its own virtual
-# env (.venv-parity-<method>) with the transformers it was written for, on the same token prompts.
-# PARITY_ARGS: e.g. --settings 15,5,15 --datasets humaneval=3 --seeds 0 1 (python -m specbench.parity lade --help)
+# Parity with the official code (not part of `make test`): the official code runs in its own virtual env
+# (.venv-parity-<method>, torch from TORCH_SPEC + the pins it was written for; GitHub code checked out at a
+# pinned commit in .parity-src/<method>, SPECBENCH_PARITY_GIT=<mirror> to clone from elsewhere) on the
+# same token prompts. METHOD: lade | medusa. PARITY_ARGS: python -m specbench.parity METHOD --help
+METHOD ?= lade
 PARITY_ARGS ?=
-LADE_PARITY_PINS ?= lade==0.0.2 transformers==4.34.0
 
-.venv-parity-lade/.installed:
-	test -x .venv-parity-lade/bin/python || python3 -m venv .venv-parity-lade
-	.venv-parity-lade/bin/python -c "import torch" 2>/dev/null || .venv-parity-lade/bin/python -m pip install -q $(TORCH_SPEC)
-	.venv-parity-lade/bin/python -m pip install -q $(LADE_PARITY_PINS)
-	touch $@
-
-parity-venv-lade: .venv-parity-lade/.installed  ## the official LADE package in its side virtual env
-
-parity-lade: install parity-venv-lade  ## official LADE vs specbench LADE -> results/parity/lade.md (about 1.5 h on 2 cores)
-	$(PY) -m specbench.parity lade $(PARITY_ARGS)
-
-parity: parity-lade  ## every method whose official code installs here (LADE); see docs/reproduction.md
+parity: install  ## official code vs specbench for METHOD (lade, medusa) -> results/parity/METHOD.md; see docs/reproduction.md
+	$(PY) -m specbench.parity setup $(METHOD)
+	$(PY) -m specbench.parity $(METHOD) $(PARITY_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-latest .venv-parity-* .pytest_cache
+	rm -rf $(VENV) .venv-latest .venv-parity-* .parity-src .pytest_cache

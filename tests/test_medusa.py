@@ -42,10 +42,10 @@ RANDOM_HEADS = {"source": "random", "num_heads": 4, "seed": 0}
 SPARSE_63 = [list(path) for path in sparse_paths([[0.6 * 0.5**rank for rank in range(10)]] * 4, 63)]
 
 
-def medusa(heads=None, **tree) -> Medusa:
+def medusa(heads=None, first_step="tree", **tree) -> Medusa:
     """A Medusa drafter from plain dicts (random heads and a 63-node sparse-shaped tree unless told otherwise)."""
     tree = {"kind": "choices", "choices": SPARSE_63, **tree}
-    return Medusa(OmegaConf.create(heads or RANDOM_HEADS), "test_model", OmegaConf.create(tree))
+    return Medusa(OmegaConf.create(heads or RANDOM_HEADS), "test_model", OmegaConf.create(tree), first_step)
 
 
 GREEDY = Sampling()
@@ -349,18 +349,28 @@ class OracleHeads(torch.nn.Module):
         return logits
 
 
-def test_head_alignment_with_oracle_heads(tiny):
-    """Head k on the last accepted node's hidden state drafts depth k under the next root."""
+@pytest.mark.parametrize(
+    "first_step, lengths",
+    [("tree", [5] * 8 + [1]), ("root", [1] + [5] * 8)],  # 1 prefill token + 41 = the 42-token budget
+)
+def test_head_alignment_with_oracle_heads(tiny, first_step, lengths):
+    """Head k on the last accepted node's hidden state (or the prompt's last row) drafts depth k under the next root."""
     prompt = [3, 1, 4, 1, 5]
     truth = ar_greedy(tiny, prompt, 42).output_ids
-    drafter = medusa(kind="dense", sizes=[1, 1, 1, 1])
+    drafter = medusa(kind="dense", sizes=[1, 1, 1, 1], first_step=first_step)
     drafter.setup(tiny, None)
     drafter.heads = OracleHeads(tiny, prompt + truth, 97)
-    gen = decode(tiny, drafter, prompt, 42)  # prefill token + root-only step + 8 full chains
+    gen = decode(tiny, drafter, prompt, 42)
     assert gen.output_ids == truth
-    assert gen.accept_lengths == [1] + [5] * 8  # root-only first step, then the whole chain every step
+    assert gen.accept_lengths == lengths  # tree: the whole chain from step 1; root: a root-only step first
     stats = drafter.stats()
     assert stats["head_top1_acc"] == [1.0] * 4 and stats["depth_accept_rate"] == [1.0] * 4
+    assert stats["first_step"] == first_step
+
+
+def test_first_step_is_checked():
+    with pytest.raises(ConfigError, match="first_step must be one of"):
+        medusa(first_step="prefill")
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -1,10 +1,12 @@
-"""specbench.parity: the official-vs-specbench table, its verdict and the official draws (no model, no side env)."""
+"""specbench.parity: official-vs-specbench tables, verdicts, trace cuts, official draws (no model, no side env)."""
 
 import random
 
 import pytest
 
 from specbench.parity import lade as parity
+from specbench.parity import stepwise
+from specbench.parity.common import OfficialSource, SideEnv
 
 
 def test_setting_and_variant_parse():
@@ -88,3 +90,84 @@ def test_table_lists_every_prompt_and_flags_outputs_unequal_to_ar(tmp_path):
     assert "| p0 | 1 | 3 | 10 12 | 11.0 | 11 11 | 11.0 | +0% |" in text
     p1_row = next(line for line in text.splitlines() if "| p1 |" in line)
     assert "| yes | NO | yes |" in p1_row  # official = AR, ours != AR, the two ARs agree
+
+
+# ------------------------------------------------------------------------------ step-for-step drivers
+
+
+def test_cut_trace_applies_the_loops_stop_rule():
+    # prefill token 5, then steps of 3, 2, 4 tokens; budget 6 cuts the third step to 1 token
+    out = [5, 1, 2, 3, 4, 6, 7, 8, 9, 10]
+    assert stepwise.cut_trace([3, 2, 4], out, 6, [99]) == ([3, 2], True)
+    assert stepwise.cut_trace([3, 2, 4], out, 7, [99]) == ([3, 2, 1], True)
+    # EOS (4) inside step 2 is kept and stops; an EOS held as the next token stops one step earlier
+    assert stepwise.cut_trace([3, 2, 4], out, 100, [4]) == ([3, 1], True)
+    assert stepwise.cut_trace([3, 2, 4], out, 100, [3]) == ([3], True)
+    assert stepwise.cut_trace([3, 2, 4], out, 100, [5]) == ([], True)  # the prefill's token is EOS
+    # the official loop stopped by its own rule first: specbench's rule never fired
+    assert stepwise.cut_trace([3, 2, 4], out, 100, [99]) == ([3, 2, 4], False)
+
+
+def test_first_difference_counts_length_differences():
+    assert stepwise.first_difference([3, 2, 1], [3, 2, 1]) is None
+    assert stepwise.first_difference([3, 2, 1], [3, 1, 2]) == 2
+    assert stepwise.first_difference([3, 2], [3, 2, 1]) == 3
+
+
+def stepwise_payload(ours_emitted, official_emitted, official_out):
+    return {
+        "command": "python -m specbench.parity medusa",
+        "finished_at": "now",
+        "wall_min": 1.0,
+        "max_new_tokens": 6,
+        "model_dir": "/m",
+        "eos_ids": [99],
+        "cases": [{"label": "tree", "overrides": [], "official": {"choices": "mc_sim_7b_63"}}],
+        "patches": ["a patch"],
+        "environment": {
+            "cpu": "cpu",
+            "official": {"transformers": "4.36.2"},
+            "specbench": {"git_commit": "abc", "git_dirty": False, "transformers": "5", "torch": "t"},
+        },
+        "blocks": [
+            {
+                "dataset": "humaneval",
+                "prompts": [["p0", [7, 8]]],
+                "ar": {"p0": [5, 1, 2, 3, 4, 6]},
+                "official_ar": {"p0": [5, 1, 2, 3, 4, 6]},
+                "official": [
+                    {
+                        "case": "tree",
+                        "id": "p0",
+                        "steps": len(official_emitted),
+                        "emitted": official_emitted,
+                        "output_ids": official_out,
+                    }
+                ],
+                "ours": [{"case": "tree", "id": "p0", "emitted": ours_emitted, "output_ids": [5, 1, 2, 3, 4, 6]}],
+            }
+        ],
+    }
+
+
+def test_stepwise_table_matches_step_for_step_and_shows_the_first_difference(tmp_path):
+    side = SideEnv(".v", (), OfficialSource("medusa", "https://x", "0" * 40))
+    driver = stepwise.Driver("medusa", side, "s.py", "counted", "none")
+    # the official loop ran one step past the budget (its own rule): cut, it equals ours step for step
+    payload = stepwise_payload([3, 2], [3, 2, 4], [5, 1, 2, 3, 4, 6, 7, 8, 9, 10])
+    (row,) = stepwise.compare(payload)
+    assert row.official == [3, 2] and row.official_steps == 3 and row.first_difference is None
+    assert row.official_equals_ar and row.ours_equals_ar and row.ars_agree
+    stepwise.write_table(tmp_path / "m.md", payload, driver)
+    text = (tmp_path / "m.md").read_text()
+    assert "| tree | all | 1 | 2 | 2 | +0.0% | 1/1 |" in text and "1. a patch" in text
+    # one step less on the official side: the first differing step is 1 and the totals differ
+    (row,) = stepwise.compare(stepwise_payload([3, 2], [5], [5, 1, 2, 3, 4, 6]))
+    assert row.first_difference == 1 and row.official == [5]
+
+
+def test_official_source_says_how_to_get_a_missing_checkout(tmp_path, monkeypatch):
+    monkeypatch.setattr("specbench.parity.common.SOURCES", tmp_path)
+    source = OfficialSource("medusa", "https://github.com/FasterDecoding/Medusa", "e2a5d20c" + "0" * 32)
+    with pytest.raises(SystemExit, match="make parity METHOD=medusa"):
+        source.check()

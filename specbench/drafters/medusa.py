@@ -6,18 +6,21 @@ on the hidden state of the LAST ACCEPTED node of the previous verify (``verified
 position t): the target's own pick there is the next root (t + 1), and head k predicts t + k + 1,
 i.e. the token at depth k under that root. So no separate draft forward is needed.
 
-First step: the prefill returns logits only, so the first step verifies the root alone (an ordinary
-AR step) and its hidden state seeds the heads. This costs one speculative step per generation
-(FasterDecoding runs the heads on the prefill's last row instead); it keeps the shared loop and
-prefill free of method-specific branches.
+First step (``first_step``): ``tree`` (default, as FasterDecoding's loop) runs the heads on the prompt's
+last hidden state (``observe_prompt``), so the first verify already checks a full tree under the
+prefill's token; ``root`` verifies that token alone first and seeds the heads with its hidden state
+(one extra, non-speculative step per generation: specbench's rule before the parity check).
 """
 
 from __future__ import annotations
+
+import torch
 
 from specbench.core.acceptance import Acceptance
 from specbench.core.drafter import DecodeContext, Drafter
 from specbench.core.tree import DraftTree
 from specbench.core.verify import VerifyOutput
+from specbench.errors import ConfigError
 from specbench.models.medusa_heads import MedusaHeads, load_heads
 from specbench.structures.medusa_tree import TreeLayout, expected_accepted, tree_paths
 
@@ -28,8 +31,13 @@ class Medusa(Drafter):
     hidden_layers: tuple[int, ...] = (-1,)  # the last hidden states (after the final norm)
     COUNTERS = ("steps", "tree_steps", "accepted_draft_tokens")
 
-    def __init__(self, heads=None, target_name: str = "", tree=None):
+    FIRST_STEPS = ("tree", "root")
+
+    def __init__(self, heads=None, target_name: str = "", tree=None, first_step: str = "tree"):
         super().__init__()
+        if first_step not in self.FIRST_STEPS:
+            raise ConfigError(f"method.drafter.first_step must be one of {list(self.FIRST_STEPS)}, got {first_step!r}")
+        self.first_step = first_step
         self.heads_cfg = heads
         self.target_name = target_name
         self.tree_cfg = tree or {}
@@ -67,16 +75,23 @@ class Medusa(Drafter):
         assert self.layout is not None  # laid out by setup, before the heads could fill self.top
         return DraftTree(self.layout.tokens(ctx.root, self.top), list(self.layout.parents))
 
+    def observe_prompt(self, hidden: torch.Tensor) -> None:
+        """``first_step=tree``: the heads read the prompt's last row [P, H], so step 1 verifies a full tree."""
+        if self.first_step == "tree":
+            self._run_heads(hidden[-1], len(hidden))
+
     def observe(self, ctx: DecodeContext, tree: DraftTree, verified: VerifyOutput, accepted: Acceptance) -> None:
         """Run the heads on the last accepted node's hidden state: tokens for the next step's tree."""
         self._count(tree, accepted)
-        assert self.heads is not None and self.layout is not None  # loaded by setup
         assert verified.hidden is not None  # hidden_layers: the loop asks the verify pass for hidden states
-        last = accepted.path[-1]
+        self._run_heads(verified.hidden[accepted.path[-1]], ctx.position + len(accepted.path))
+
+    def _run_heads(self, hidden: torch.Tensor, next_root: int) -> None:
+        """The heads' top-k tokens on one hidden state [H]; ``next_root`` is the position the target fills next."""
+        assert self.heads is not None and self.layout is not None  # loaded by setup
         with self.books.timed("heads"):
-            logits = self.heads(verified.hidden[last], self.layout.max_depth)  # [depth, vocab]
+            logits = self.heads(hidden, self.layout.max_depth)  # [depth, vocab]
             self.top = logits.topk(self.layout.top_k, dim=-1).indices.tolist()  # [depth][top_k]
-        next_root = ctx.position + len(accepted.path)  # position of the token the target emits now
         self.pending.extend((next_root + k, k, self.top[k - 1][0]) for k in range(1, len(self.top) + 1))
 
     def _count(self, tree: DraftTree, accepted: Acceptance) -> None:
@@ -113,6 +128,7 @@ class Medusa(Drafter):
             "heads": self.origin,
             "num_heads": self.heads.num_heads if self.heads is not None else None,
             "tree": self.tree_source,
+            "first_step": self.first_step,
             "tree_nodes": self.layout.num_nodes if self.layout else None,
             "tree_depth": self.layout.max_depth if self.layout else None,
             "expected_accepted": None if self.expected is None else round(self.expected, 4),

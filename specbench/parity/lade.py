@@ -26,6 +26,16 @@ from pathlib import Path
 
 import torch
 
+from specbench.parity.common import (
+    REPO,
+    SideEnv,
+    official_python,
+    parse_datasets,
+    render_prompts,
+    run_ar,
+    timed_generation,
+)
+
 OFFICIAL_PACKAGE = "lade==0.0.2"
 OFFICIAL_PINS = ("lade==0.0.2", "transformers==4.34.0")
 """What ``make parity`` installs beside torch in ``.venv-parity-lade``. lade 0.0.2 (the only release on
@@ -33,8 +43,8 @@ PyPI) declares no dependencies, but imports ``_expand_mask`` from transformers' 
 4.35) and passes ``padding_mask`` to the decoder layers (new in 4.34): only 4.34.x runs it."""
 
 VENV = ".venv-parity-lade"
+SIDE = SideEnv(VENV, OFFICIAL_PINS)
 OFFICIAL_SCRIPT = "scripts/parity/lade_official.py"
-REPO = Path(__file__).resolve().parents[2]
 
 TOLERANCE = 0.02
 """Parity bar: |ours - official| / official on the total steps, or the seed noise if larger."""
@@ -106,27 +116,7 @@ class Variant:
 # -- prompts ----------------------------------------------------------------------------------------
 
 
-def render_prompts(datasets: list[tuple[str, int]], tokenizer) -> dict[str, list[tuple[str, list[int]]]]:
-    """Token ids of the first ``limit`` samples of each dataset, rendered by specbench's loader."""
-    from specbench.config import compose_config
-    from specbench.data.base import build_dataset
-
-    prompts = {}
-    for name, limit in datasets:
-        cfg = compose_config("model=smollm2_135m", f"dataset={name}")
-        dataset = build_dataset(cfg.dataset, cfg.data_dir)
-        prompts[name] = [(s.sample_id, dataset.prompt_ids(tokenizer, s, [])) for s in dataset.samples(limit)]
-    return prompts
-
-
 # -- the official side ------------------------------------------------------------------------------
-
-
-def official_python() -> Path:
-    python = REPO / VENV / "bin" / "python"
-    if not python.is_file():
-        raise SystemExit(f"error: {VENV} is missing; build it with `make parity-venv-lade` (or `make parity`)")
-    return python
 
 
 def start_official(
@@ -171,7 +161,7 @@ def start_official(
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
     with open(job_path.with_suffix(".out"), "w") as out:  # the child keeps its own descriptor
         return subprocess.Popen(
-            [str(official_python()), str(REPO / OFFICIAL_SCRIPT), str(job_path)], stdout=out, env=env, cwd=REPO
+            [str(official_python(VENV)), str(REPO / OFFICIAL_SCRIPT), str(job_path)], stdout=out, env=env, cwd=REPO
         )
 
 
@@ -275,44 +265,13 @@ def run_ours(
         engine = build_engine(cfg.method, lm, Sampling(0.0, 1.0), step_breakdown=False)
         if variant.official_start:
             start_like_official(engine, seed)
-        for sample_id, ids in prompts:
-            start = time.perf_counter()
-            with torch.inference_mode():
-                gen = engine.generate(ids, max_new_tokens, sample_generator(seed, sample_id))
-            wall = time.perf_counter() - start
-            records.append(
-                {
-                    "id": sample_id,
-                    "seed": seed,
-                    "steps": gen.target_forwards,
-                    "accept_lengths": gen.accept_lengths,
-                    "output_ids": gen.output_ids,
-                    "wall_s": round(wall, 3),
-                }
+        records += [
+            timed_generation(
+                engine, ids, max_new_tokens, sample_generator(seed, sample_id), variant.label, id=sample_id, seed=seed
             )
-            print(
-                f"[specbench:{variant.label}] {sample_id} seed={seed}: {gen.target_forwards} steps, "
-                f"{len(gen.output_ids)} tokens, {wall:.1f} s",
-                file=sys.stderr,
-                flush=True,
-            )
+            for sample_id, ids in prompts
+        ]
     return records
-
-
-def run_ar(lm, dataset: str, prompts, max_new_tokens: int) -> dict[str, list[int]]:
-    """specbench AR (the loop with no drafter) on each prompt: the reference outputs."""
-    from specbench.config import compose_config
-    from specbench.core.acceptance import Sampling
-    from specbench.engines import build_engine
-
-    cfg = compose_config("model=smollm2_135m", "method=ar", f"dataset={dataset}", "temperature=0")
-    engine = build_engine(cfg.method, lm, Sampling(0.0, 1.0), step_breakdown=False)
-    outputs = {}
-    for sample_id, ids in prompts:
-        with torch.inference_mode():
-            outputs[sample_id] = engine.generate(ids, max_new_tokens, None).output_ids
-        print(f"[specbench:ar] {sample_id}: {len(outputs[sample_id])} tokens", file=sys.stderr, flush=True)
-    return outputs
 
 
 # -- the table --------------------------------------------------------------------------------------
@@ -569,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     settings = [Setting.parse(s) for s in args.settings]
-    datasets = [(d.partition("=")[0], int(d.partition("=")[2] or 10)) for d in args.datasets]
+    datasets = parse_datasets(args.datasets)
     variants = [Variant.parse(v) for v in (args.variant or ["specbench="])]
     seeds = {"official": args.official_seeds or args.seeds, "ours": args.seeds}
     if args.official_start:

@@ -143,6 +143,12 @@ METHOD_INPUT_KEYS = ("eagle", "eagle3", "hydra", "layer_skip")
 model node, so adding one to a model config keeps the digests of every other method's stored runs."""
 
 
+LATER_KEYS_NODE = "digest_defaults"
+"""Method node naming drafter keys added after runs were stored, each with the value that keeps the older
+behaviour: at that value the key stays out of the digest, so the stored runs (made before the key existed, with
+exactly that behaviour) keep their digests; any other value is a new setting and enters the digest."""
+
+
 def config_digest(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> str:
     """sha256 over everything that determines a sample's result (resolved device and dtype included)."""
     identity = without_locations(OmegaConf.to_container(cfg, resolve=True))
@@ -151,6 +157,10 @@ def config_digest(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> 
     if identity.get("budget") is None:  # the method's default: digests as before budgets existed
         identity.pop("budget", None)
     identity["method"].pop(KNOB_NODE, None)  # which key budget= sets: not a setting of the run
+    drafter = identity["method"].get("drafter") or {}
+    for key, older in (identity["method"].pop(LATER_KEYS_NODE, None) or {}).items():
+        if key in drafter and drafter[key] == older:
+            drafter.pop(key)
     for key in METHOD_INPUT_KEYS:
         (identity.get("model") or {}).pop(key, None)
     identity.update(device=device.type, dtype=str(dtype))

@@ -109,6 +109,15 @@ def test_lookup_exclude_and_limit(suffix_cache):
     assert suffix_cache.lookup([4], limit=3) == [] and suffix_cache.lookup([], limit=3) == []
 
 
+def test_lookup_without_refill_is_the_official_rule(suffix_cache):
+    """refill=False: of each key only the first (limit - found) continuations are tried, none replaced."""
+    assert list(suffix_cache) == [(1,), (5,), (5, 1)]
+    assert suffix_cache.lookup([1], limit=1, exclude=[(2, 3)]) == [(9, 9)]  # refilled from the same key
+    assert suffix_cache.lookup([1], limit=1, exclude=[(2, 3)], refill=False) == []  # (2, 3) skipped, not replaced
+    assert suffix_cache.lookup([7, 5, 1], limit=2, refill=False) == [(9, 9), (2, 3)]  # 1 from each key
+    assert suffix_cache.lookup([5, 1], limit=5, refill=False) == [(9, 9), (2, 3)]  # (9, 9) once
+
+
 def test_invalid_settings_name_the_key():
     with pytest.raises(ConfigError, match="top_k"):
         CorpusCache.build([[1, 2, 3]], top_k=0)

@@ -259,7 +259,8 @@ def test_model_configs_name_the_published_heads():
     assert compose_config("model=smollm2_135m", "method=eagle").method.drafter.head.source == "trained"
     assert compose_config("model=tiny_llama", "method=opt_tree_eagle").method.drafter.head.source == "random"
     cfg = compose_config("model=tiny_llama", "method=eagle2")
-    assert (cfg.method.drafter.top_k, cfg.method.drafter.depth, cfg.method.drafter.total_tokens) == (10, 6, 60)
+    # the authors' evaluation values (SafeAILab/EAGLE's EAGLE-2 eval scripts)
+    assert (cfg.method.drafter.top_k, cfg.method.drafter.depth, cfg.method.drafter.total_tokens) == (10, 5, 60)
 
 
 def test_bad_knobs_name_the_key():

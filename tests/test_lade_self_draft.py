@@ -11,7 +11,7 @@ from specbench.core.tree import DraftTree, flatten
 from specbench.core.verify import cache_length, new_cache, prefill, prefill_with_tail
 from specbench.drafters.jacobi import random_prompt_tokens
 from specbench.drafters.lade import Lade, window_layout
-from specbench.drafters.self_draft import SelfDraft, branch_layout
+from specbench.drafters.self_draft import SelfDraft, branch_layout, pad_predictions
 from specbench.errors import ConfigError
 from specbench.structures.corpus_cache import CorpusCache
 from tests.test_loop import ar_greedy
@@ -329,6 +329,134 @@ def test_root_only_tree_during_warm_up():
     assert isinstance(tree, DraftTree) and tree.tokens == [4]
     assert len(tree.aux) == 4 + 5 - 3  # level 0 starts with W+N-3 random prompt tokens
     assert set(tree.aux.tokens.tolist()) <= {1, 2, 3, 4}
+
+
+# -- Self-Draft's official rules (the options specbench.parity.self_draft switches on) --------------
+
+OFFICIAL_RULES = dict(
+    branch_filling="diagonal",
+    official_context_update=True,
+    official_step_cap=True,
+    official_flush=True,
+    official_corpus_lookup=True,
+)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(branch_filling="diagonal"),
+        dict(branch_filling="diagonal", branch_len=3, branch_num=2, use_corpus_cache=False),
+        dict(official_context_update=True),
+        dict(official_context_update=True, branch_len=4, branch_num=3, gram_len=2),
+        dict(official_corpus_lookup=True),
+        dict(official_flush=True, flush_interval=1, keep_num=1),
+        OFFICIAL_RULES,
+    ],
+    ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()),
+)
+def test_self_draft_official_rules_greedy_equals_ar_tiny(tiny, tiny_corpus, settings):
+    drafter = self_draft(tiny_corpus, **settings)
+    multi = 0
+    for seed in range(2):
+        gen = run(tiny, drafter, repetitive_prompt(seed), 48, seed=seed)
+        assert gen.output_ids == tiny_truth(tiny, seed, 48)
+        multi += sum(n > 1 for n in gen.accept_lengths)
+    assert multi > 0
+    diagonal = drafter.branch_filling == "diagonal"
+    stats = drafter.stats()
+    assert stats["warmup_steps"] == drafter.branch_len - 2 - diagonal and stats["pad_forwards"] == diagonal
+
+
+class SpySelfDraft(SelfDraft):
+    """Records the branch lengths and caps each step proposes with."""
+
+    def propose(self, ctx):
+        tree = super().propose(ctx)
+        self.shapes.append(([len(branch) for branch in self.branches], list(self.caps)))
+        return tree
+
+
+def test_diagonal_filling_drops_one_branch_per_start_up_step(tiny):
+    """L=5, N_b=3: N_b+L-3 = 5 branches (the first L-2 pads one token), one fewer per step, then N_b full ones."""
+    drafter = SpySelfDraft(branch_filling="diagonal", branch_len=5, branch_num=3, use_corpus_cache=False)
+    drafter.shapes = []
+    gen = run(tiny, drafter, repetitive_prompt(2), 16)
+    assert gen.output_ids == tiny_truth(tiny, 2, 16)
+    lengths, caps = zip(*drafter.shapes)
+    assert [len(step) for step in lengths[:4]] == [5, 4, 3, 3]
+    assert lengths[0][:3] == [1, 2, 2] and all(pad in (1, 2) for pad in (caps[0][3] - 3, caps[0][4] - 3))
+    assert [step[0] for step in lengths[:4]] == [1, 2, 3, 3] and {step[0] for step in caps} == {3}
+    assert all(length == cap for step, cap_step in zip(lengths[2:], caps[2:]) for length, cap in zip(step, cap_step))
+    assert drafter.stats()["warmup_steps"] == 2
+
+
+def test_pad_predictions_are_the_official_prefill_rows(tiny):
+    """Each pad runs after the cached prompt alone: the same token as a plain forward over prompt + pad."""
+    prompt, pads = repetitive_prompt(1), [[3], [5, 7], [11, 13], [17]]
+    cache = new_cache(tiny)
+    with torch.inference_mode():
+        prefill(tiny, cache, torch.tensor(prompt))
+        preds = pad_predictions(tiny, cache, len(prompt), pads)
+        plain = [int(tiny(input_ids=torch.tensor([prompt + pad])).logits[0, -1].argmax()) for pad in pads]
+    assert preds == plain and cache_length(cache) == len(prompt)
+
+
+class InsertLog:
+    """Stands in for the context cache: the (key, tuple) inserts in order."""
+
+    def __init__(self):
+        self.log = []
+
+    def insert(self, key, value):
+        self.log.append((key, value))
+
+
+def context_inserts(official: bool) -> list:
+    """One steady-state update: L=4, G=2; branch 0 [40, 41], branch 1 pad 1 [50 | 51, 52], branch 2 pad 2."""
+    drafter = SelfDraft(
+        branch_len=4, branch_num=3, gram_len=2, use_corpus_cache=False, official_context_update=official
+    )
+    drafter.branches, drafter.caps = [[40, 41], [50, 51, 52], [60, 61, 62, 63]], [2, 3, 4]
+    drafter.pool = InsertLog()
+    preds = [[140, 141], [150, 151, 152], [160, 161, 162, 163]]  # the prediction after each branch token
+    drafter._update_context_cache([1, 2, 3, 4, 5, 6], 7, preds)  # x = 6, its next token 7, first update
+    return drafter.pool.log
+
+
+def test_official_context_update_order_and_slip():
+    padded = [(50, (51, 151)), (51, (52, 152)), (60, (61, 161)), (61, (62, 162)), (62, (63, 163))]
+    text = [(1, (2, 3)), (2, (3, 4)), (3, (4, 5)), (4, (5, 6)), (5, (6, 7)), (6, (40, 140)), (40, (41, 141))]
+    assert context_inserts(False) == padded + text
+    level_major = [padded[2], padded[0], padded[3], padded[1], padded[4]]  # rows aligned at the branch ends
+    slipped = [*text[:4], (5, (6, 150)), *text[5:]]  # the n-gram ending at x takes branch 1's pad prediction
+    assert context_inserts(True) == level_major + slipped + [(6, (40, 140)), (5, (6, 7))]
+
+
+def test_official_flush_counts_turns_plus_one():
+    def flushes(official: bool, prompts: list[list[int]]) -> list[int]:
+        drafter = SelfDraft(use_corpus_cache=False, official_flush=official)  # flush_interval 2
+        counts = []
+        for prompt in prompts:
+            drafter.reset(prompt)
+            counts.append(drafter.flushes)
+        return counts
+
+    single = [[i] for i in range(1, 7)]  # six single-turn conversations
+    assert flushes(False, single) == [0, 0, 1, 1, 2, 2]  # when conversations 3 and 5 start
+    assert flushes(True, single) == [0, 1, 1, 2, 2, 3]  # after conversations 1, 3, 5 (official)
+    two_turn = [prompt for i in range(1, 5) for prompt in ([i], [i, 0, i])]
+    assert flushes(False, two_turn) == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert flushes(True, two_turn) == [0] * 8  # turns + 1 is odd after every two-turn conversation
+
+
+def test_official_rule_settings_name_the_key():
+    with pytest.raises(ConfigError, match="branch_filling"):
+        SelfDraft(branch_filling="prefill", use_corpus_cache=False)
+    with pytest.raises(ConfigError, match="branch_filling=diagonal needs branch_len"):
+        SelfDraft(branch_filling="diagonal", branch_len=2, use_corpus_cache=False)
+    with pytest.raises(ConfigError, match="official_context_update needs branch_num"):
+        SelfDraft(official_context_update=True, branch_num=1, use_corpus_cache=False)
 
 
 # -- the embedded model -----------------------------------------------------------------------------

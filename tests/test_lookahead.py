@@ -1,5 +1,7 @@
 """Lookahead drafter: greedy output equals AR (tiny and embedded models), all draft modes, warm-up."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -12,6 +14,18 @@ from tests.test_loop import ar_greedy
 
 PROMPT = [5, 6, 7, 8, 9, 10] * 4
 GREEDY = Sampling()
+OFFICIAL_RULES = {
+    "cut_at_eos": True,
+    "insert_first_prompt_token": False,
+    "selection": "output_threshold",
+    "query_fallback": "official",
+    "single_ranking": "output_first",
+    "parallel_verify": "all_branches",
+    "node_pruning": "official",
+    "branch_window": "fixed",
+}
+"""Every switch set to the official code's rule (docs/methods/lookahead.md)."""
+RULES = {"specbench": {}, "official": OFFICIAL_RULES}
 
 
 def generate(model, drafter, prompt, max_new_tokens, eos_ids=frozenset(), sampling=GREEDY, seed=None):
@@ -26,10 +40,11 @@ def lookahead(mode, **kwargs):
     return drafter
 
 
+@pytest.mark.parametrize("rules", RULES)
 @pytest.mark.parametrize("mode", MODES)
-def test_greedy_equals_ar_and_memory_learns_across_requests(tiny, mode):
+def test_greedy_equals_ar_and_memory_learns_across_requests(tiny, mode, rules):
     truth = ar_greedy(tiny, PROMPT, 60).output_ids
-    drafter = lookahead(mode)
+    drafter = lookahead(mode, **RULES[rules])
     first = generate(tiny, drafter, PROMPT, 60)
     assert first.output_ids == truth
     assert max(first.accept_lengths) > 1  # the output repeats itself: its own branches get accepted
@@ -44,12 +59,13 @@ def test_greedy_equals_ar_and_memory_learns_across_requests(tiny, mode):
         assert second.draft_tokens and max(second.draft_tokens) <= 6
 
 
+@pytest.mark.parametrize("rules", RULES)
 @pytest.mark.parametrize("mode", MODES)
-def test_eos_inside_a_draft_and_budget_cut(tiny, mode):
+def test_eos_inside_a_draft_and_budget_cut(tiny, mode, rules):
     truth = ar_greedy(tiny, PROMPT, 60).output_ids
     stop = next(i for i, token in enumerate(truth) if i >= 8 and truth.index(token) == i)
     eos = truth[stop]  # a token first produced late in the answer
-    drafter = lookahead(mode)
+    drafter = lookahead(mode, **RULES[rules])  # no EOS known to the drafter: cut_at_eos cuts nothing
     generate(tiny, drafter, PROMPT, 60)  # learn the full answer
     gen = generate(tiny, drafter, PROMPT, 60, frozenset({eos}))
     assert gen.output_ids == truth[: stop + 1] and gen.stop_reason == "eos"
@@ -76,13 +92,60 @@ def test_prompt_branches_are_drafted_and_eliminated_at_the_next_request(tiny):
     assert drafter.memory.match([9, 9]) is not None
 
 
-def test_branch_length_zero_and_decoding_length_one_mean_no_draft(tiny):
+@pytest.mark.parametrize("mode", MODES)
+def test_branch_length_zero_and_decoding_length_one_mean_no_draft(tiny, mode):
     truth = ar_greedy(tiny, PROMPT, 20).output_ids
     for kwargs in ({"branch_length": 0}, {"decoding_length": 1}):
-        drafter = lookahead("hierarchical", **kwargs)
-        generate(tiny, drafter, PROMPT, 20)
-        gen = generate(tiny, drafter, PROMPT, 20)
-        assert gen.output_ids == truth and set(gen.draft_tokens) == {0}
+        for rules in RULES.values():
+            drafter = lookahead(mode, **kwargs, **rules)
+            generate(tiny, drafter, PROMPT, 20)
+            gen = generate(tiny, drafter, PROMPT, 20)
+            assert gen.output_ids == truth and set(gen.draft_tokens) == {0}
+
+
+def test_official_fallback_does_not_cap_the_single_branch_by_decoding_length(tiny):
+    """The official one-branch retrieval clips L_b to the budget only; specbench's default also to L_d - 1."""
+    depths = {}
+    for fallback in ("drafted", "official"):
+        drafter = lookahead("single", decoding_length=2, query_fallback=fallback)
+        generate(tiny, drafter, PROMPT, 30)
+        gen = generate(tiny, drafter, PROMPT, 30)
+        assert gen.output_ids == ar_greedy(tiny, PROMPT, 30).output_ids
+        depths[fallback] = max(gen.draft_tokens)
+    assert depths == {"drafted": 1, "official": 6}
+
+
+def all_tokens(memory) -> set[int]:
+    """Every token in the memory: the tries' first tokens and every node's."""
+    found = set(memory.mem)
+    stack = list(memory.mem.values())
+    while stack:
+        node = stack.pop()
+        found.update(node.children)
+        stack.extend(node.children.values())
+    return found
+
+
+def test_cut_at_eos_and_skipped_first_prompt_token_follow_the_official_insertions(tiny):
+    """The official put / stream_put cut every inserted sequence at its first EOS, and the prompt's first
+    token opens no branch; specbench's default inserts the whole prompt and the output's EOS."""
+    truth = ar_greedy(tiny, PROMPT, 60).output_ids
+    stop = next(i for i, token in enumerate(truth) if i >= 8 and truth.index(token) == i)
+    eos = truth[stop]
+    prompt = [50, 51, 54, eos, 52, 53]
+    eos_tokenizer = SimpleNamespace(eos_token_id=eos)
+    default = Lookahead(decoding_length=16, branch_length=6)
+    default.setup(tiny, eos_tokenizer)
+    default.reset(prompt)
+    assert all_tokens(default.memory) >= {50, 51, eos, 52, 53}
+    official = Lookahead(decoding_length=16, branch_length=6, cut_at_eos=True, insert_first_prompt_token=False)
+    official.setup(tiny, eos_tokenizer)
+    official.reset(prompt)
+    assert sorted(official.memory.mem) == [51] and all_tokens(official.memory) == {51, 54}
+    gen = generate(tiny, official, PROMPT, 60, frozenset({eos}))
+    assert gen.output_ids == truth[: stop + 1]
+    official.reset([60, 61])  # the previous output's last windows go in, without its EOS
+    assert eos not in all_tokens(official.memory) and truth[stop - 1] in official.memory.mem
 
 
 @pytest.mark.parametrize(
@@ -93,6 +156,12 @@ def test_branch_length_zero_and_decoding_length_one_mean_no_draft(tiny):
         ({"mode": "tree"}, "mode"),
         ({"output_weight": 1.5}, "output_weight"),
         ({"max_query_length": 0}, "max_query_length"),
+        ({"selection": "top"}, "selection"),
+        ({"query_fallback": "never"}, "query_fallback"),
+        ({"single_ranking": "input"}, "single_ranking"),
+        ({"parallel_verify": "last"}, "parallel_verify"),
+        ({"node_pruning": "never"}, "node_pruning"),
+        ({"branch_window": "long"}, "branch_window"),
     ],
 )
 def test_bad_settings_name_the_key(kwargs, key):
@@ -202,8 +271,8 @@ def test_embedded_greedy_equals_ar_in_every_mode(embedded):
     ]
     truths = [ar_greedy(embedded.model, p, 40, embedded.eos_ids) for p in prompts]
     assert truths[1].stop_reason == "eos"
-    for mode in MODES:
-        drafter = Lookahead(decoding_length=16, branch_length=8, mode=mode)
+    for mode, rules in [(mode, rules) for mode in MODES for rules in RULES.values()]:
+        drafter = Lookahead(decoding_length=16, branch_length=8, mode=mode, **rules)
         drafter.setup(embedded.model, tok)
         for prompt, truth in zip(prompts if mode == "hierarchical" else prompts[:2], truths):
             assert generate(embedded.model, drafter, prompt, 40, embedded.eos_ids).output_ids == truth.output_ids
@@ -214,3 +283,32 @@ def test_embedded_greedy_equals_ar_in_every_mode(embedded):
         eos = generate(embedded.model, drafter, prompts[1], 40, embedded.eos_ids)  # EOS inside a draft
         assert eos.output_ids == truths[1].output_ids and eos.stop_reason == "eos"
         assert eos.accept_lengths[-1] > 1, mode
+
+
+def switches(drafter: Lookahead) -> dict:
+    """The drafter's official-rule switches by option name."""
+    return {
+        "cut_at_eos": drafter.cut_at_eos,
+        "insert_first_prompt_token": drafter.insert_first_prompt_token,
+        "parallel_verify": drafter.parallel_verify,
+        **vars(drafter.rules),
+    }
+
+
+def test_parity_cases_set_the_official_rules_through_the_config():
+    """The parity driver's cases compose (the `+method.drafter.<key>` overrides) into the drafters they name."""
+    from specbench.config import compose_config
+    from specbench.engines import check_method
+    from specbench.parity.lookahead import CASE_LABELS, cases
+
+    mode_only = {"hierarchical": set(), "parallel": {"parallel_verify"}, "single": {"single_ranking"}}
+    default = switches(Lookahead())
+    found = cases(None)
+    assert [case.label for case in found] == list(CASE_LABELS)
+    for case in found:
+        drafter = check_method(compose_config("model=tiny_llama", "method=lookahead", *case.overrides).method)
+        assert isinstance(drafter, Lookahead) and case.label.startswith(drafter.mode)
+        on = set()
+        if case.label.endswith("official-rules"):
+            on = set(OFFICIAL_RULES) - {"parallel_verify", "single_ranking"} | mode_only[drafter.mode]
+        assert switches(drafter) == {key: OFFICIAL_RULES[key] if key in on else value for key, value in default.items()}

@@ -160,7 +160,8 @@ def test_stepwise_table_matches_step_for_step_and_shows_the_first_difference(tmp
     assert row.official_equals_ar and row.ours_equals_ar and row.ars_agree
     stepwise.write_table(tmp_path / "m.md", payload, driver)
     text = (tmp_path / "m.md").read_text()
-    assert "| tree | all | 1 | 2 | 2 | +0.0% | 1/1 |" in text and "1. a patch" in text
+    assert "| tree | humaneval | 1 | 2 | 2 | +0.0% | 1/1 |" in text and "1. a patch" in text
+    assert "| tree | all |" not in text  # one dataset: no "all" row
     # one step less on the official side: the first differing step is 1 and the totals differ
     (row,) = stepwise.compare(stepwise_payload([3, 2], [5], [5, 1, 2, 3, 4, 6]))
     assert row.first_difference == 1 and row.official == [5]
@@ -171,3 +172,194 @@ def test_official_source_says_how_to_get_a_missing_checkout(tmp_path, monkeypatc
     source = OfficialSource("medusa", "https://github.com/FasterDecoding/Medusa", "e2a5d20c" + "0" * 32)
     with pytest.raises(SystemExit, match="make parity METHOD=medusa"):
         source.check()
+
+
+# ------------------------------------------------------------------------------ OPT-Tree and ANPD
+
+
+def test_opt_tree_default_case_is_specbench_default_config_and_official_eval_defaults():
+    from specbench.config import compose_config
+    from specbench.parity import opt_tree
+
+    default, other, fixed = opt_tree.cases(None)
+    assert (default.label, default.overrides) == ("n50", ()) and other.official["nodes"] == 60
+    assert fixed.overrides == () and fixed.official == {**default.official, "fix_draft_mask": True}
+    drafter = compose_config("model=smollm2_135m", "method=opt_tree").method.drafter
+    official = {"nodes": drafter.nodes, "threshold": drafter.threshold, "max_depth": drafter.max_depth}
+    assert default.official == official == {"nodes": 50, "threshold": 0.5, "max_depth": 10}
+    assert [c.label for c in opt_tree.cases(None)] == list(opt_tree.CASE_LABELS)
+
+
+def test_cut_trace_cuts_an_official_opt_tree_trace_that_overshoots_the_budget():
+    # OPT-Tree's own rule stops once committed > budget: 3 + 3 + 2 committed, plus the held token
+    out = [5, 1, 2, 3, 4, 6, 7, 8, 9]
+    assert stepwise.cut_trace([3, 3, 2], out, 6, [99]) == ([3, 2], True)
+
+
+def test_anpd_replay_follows_the_loop_rule():
+    from specbench.parity.anpd import replay
+
+    output = [10, 11, 12, 13, 14, 15]
+    perfect = [output[p : p + 3] for p in range(1, len(output))]  # always right, 3 tokens
+    assert replay(output, perfect, 3, budget=100) == [4, 1]  # 3 accepted + the target's; then 1 left
+    assert replay(output, perfect, 3, budget=6) == [4, 1]
+    assert replay(output, perfect, 2, budget=100) == [3, 2]
+    wrong = [[0, 0]] * (len(output) - 1)
+    assert replay(output, wrong, 2, budget=100) == [1] * 5
+
+
+def test_anpd_drafts_per_position_and_sparse_storage():
+    from specbench.parity.anpd import Stream, dense, our_drafts, sparse
+    from specbench.structures.ngram import MultiLevelNgram
+
+    stream = Stream("d", "s", [3, 4, 5, 3, 4], [5, 3, 4, 9], 10, [1, 1, 1])
+    drafts = our_drafts(stream, 3, 2, pad=1)
+    assert len(drafts) == 3  # after 1, 2 and 3 output tokens
+    table = MultiLevelNgram(3)
+    table.extend([3, 4, 5, 3, 4, 5, 3])
+    assert drafts[1] == table.chain(2, 1) == [4, 5]
+    other = [drafts[0], [7, 7], drafts[2]]
+    assert sparse(other, drafts) == {"1": [7, 7]} and dense(sparse(other, drafts), drafts) == other
+
+
+def test_anpd_cause_names_the_artifacts_that_change_a_draft_on_their_own():
+    from specbench.parity.anpd import ARTIFACTS, cause
+
+    ours = [[1, 2], [3, 4]]
+    official = dict.fromkeys(ARTIFACTS, ours)
+    official["once+id1_token"] = [[1, 2], [3, 9]]  # only the tie order changes position 1
+    assert cause(1, ours[1], official) == "tie order"
+    assert cause(0, ours[0], official) == "only the three together"
+
+
+def test_anpd_official_script_runs_class_definitions_only_and_breaks_ties_first_seen(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("anpd_official", stepwise.REPO / "scripts/parity/anpd_official.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    counts = [2, 3, 1, 3]
+    assert script.FirstTieNumpy.argsort(counts)[-1] == 1  # the first-seen of the two 3s
+    release = "import a_module_the_release_lacks\nclass A:\n    pick = np.argsort([1, 2])\n"
+    (tmp_path / "base_ngram.py").write_text(release)
+    assert list(script.official_classes(str(tmp_path), script.FirstTieNumpy)["A"].pick) == [0, 1]
+    assert script.parse_variant("released") == frozenset()
+    assert script.parse_variant("once+id1_token") == {"once", "id1_token"}
+    with pytest.raises(SystemExit):
+        script.parse_variant("twice")
+
+
+# ------------------------------------------------------------------------------ EAGLE and EAGLE-2
+
+
+def test_official_eagle_keys_leave_out_the_first_layers_input_norm():
+    from specbench.parity.eagle import official_keys
+
+    keys = official_keys(2, fc_bias=True, qkv_bias=False)
+    assert {"embed_tokens.weight", "fc.weight", "fc.bias", "layers.1.input_layernorm.weight"} <= keys
+    assert "layers.0.input_layernorm.weight" not in keys and "layers.0.self_attn.q_proj.bias" not in keys
+    assert len(keys) == 3 + 2 * 8 + 1
+    assert official_keys(1, fc_bias=False, qkv_bias=True) - official_keys(1, fc_bias=False, qkv_bias=False) == {
+        f"layers.0.self_attn.{p}_proj.bias" for p in "qkv"
+    }
+
+
+def test_eagle_head_export_is_our_state_plus_the_targets_embeddings_and_the_official_config():
+    import torch
+
+    from specbench.models.eagle_heads import random_head
+    from specbench.parity.eagle import official_config, official_keys, official_state
+    from tests.conftest import tiny_model
+
+    target = tiny_model()
+    head = random_head(target, seed=0)
+    state = official_state(head, target)
+    assert set(state) == official_keys(1, fc_bias=True, qkv_bias=False)
+    assert torch.equal(state["embed_tokens.weight"], target.get_input_embeddings().weight)
+    for key, value in head.checkpoint_state().items():
+        assert torch.equal(state[key], value)
+    config = official_config(head)
+    assert config["bias"] is True and config["num_hidden_layers"] == 1 and config["rope_scaling"] is None
+    assert config["rope_theta"] == head.config.rope_parameters["rope_theta"]
+    assert config["hidden_size"] // config["num_attention_heads"] == head.config.head_dim
+    assert not {"head_dim", "shares_embeddings", "base_model_name_or_path", "qkv_bias"} & set(config)
+
+
+def test_eagle_cases_send_specbench_trees_and_knobs_to_the_official_side():
+    from specbench.parity import eagle, eagle2
+    from specbench.structures.tree_shapes import EAGLE1_TREE
+
+    (tree,) = eagle.eagle1_cases(None)
+    assert tree.overrides == () and tree.official["paths"] == [list(p) for p in EAGLE1_TREE]
+    default, small = eagle.eagle2_cases(None)
+    assert default.overrides == () and default.official == {"total_token": 60, "depth": 5, "top_k": 10}
+    assert small.official == {"total_token": 26, "depth": 5, "top_k": 10}
+    assert [c.label for c in (default, small)] == list(eagle.EAGLE2_LABELS)
+    assert eagle.SIDE.venv == eagle2.SIDE.venv and eagle2.SIDE.source == eagle.EAGLE2_SOURCE
+
+
+def test_official_source_checks_out_a_commit_off_the_default_branch_from_a_mirror_missing_a_blob(tmp_path, monkeypatch):
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(origin), *args], check=True, capture_output=True, text=True).stdout
+
+    origin = tmp_path / "origin"
+    origin.mkdir()
+    git("init", "--quiet", "--initial-branch=main")
+    (origin / "fig.gif").write_text("a figure the mirror lacks\n")
+    git("add", "fig.gif")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "--quiet", "-m", "main")
+    git("checkout", "--quiet", "-b", "v1")
+    (origin / "f.txt").write_text("v1\n")
+    git("add", "f.txt")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "--quiet", "-m", "v1")
+    commit = git("rev-parse", "HEAD").strip()
+    git("checkout", "--quiet", "main")
+    blob = git("rev-parse", "HEAD:fig.gif").strip()
+    (origin / ".git" / "objects" / blob[:2] / blob[2:]).unlink()  # in both commits, as the GIFs of SafeAILab/EAGLE
+    monkeypatch.setattr("specbench.parity.common.SOURCES", tmp_path / "src")
+    monkeypatch.setenv("SPECBENCH_PARITY_GIT", str(origin))
+    source = OfficialSource("x", "https://example.invalid/x", commit)
+    source.fetch()
+    assert source.check() == tmp_path / "src" / "x" and (tmp_path / "src" / "x" / "f.txt").read_text() == "v1\n"
+
+
+# ------------------------------------------------------------------------------ Self-Draft driver
+
+
+def test_self_draft_official_pads_follow_the_official_draw_order():
+    from specbench.parity.self_draft import official_pads
+
+    prompt = [11, 22, 33, 44, 55]
+    random.seed(10)  # the official generate; then AuxBranch: per branch a length, then its tokens
+    expected = []
+    for _ in range(9):
+        length = random.randint(1, 2)
+        expected.append([random.choice(prompt) for _ in range(length)])
+    assert official_pads(prompt, 9, 2) == expected
+
+
+def test_self_draft_official_start_hook_feeds_the_diagonal_filling_only():
+    from specbench.drafters.self_draft import SelfDraft
+    from specbench.parity.self_draft import official_pads, start_like_official
+
+    drafter = SelfDraft(branch_filling="diagonal", use_corpus_cache=False)
+    drafter.reset([11, 22, 33])
+    start_like_official(drafter)
+    assert drafter._draw_pads(9, None) == official_pads([11, 22, 33], 9, 2)
+    with pytest.raises(SystemExit, match="branch_filling=diagonal"):
+        start_like_official(SelfDraft(use_corpus_cache=False))
+
+
+def test_self_draft_cases_send_the_composed_knobs_to_the_official_side():
+    from specbench.parity.self_draft import CASE_LABELS, OFFICIAL_START, USES_CORPUS, cases
+
+    by_label = {case.label: case for case in cases(None)}
+    assert tuple(by_label) == CASE_LABELS and set(by_label) >= OFFICIAL_START
+    knobs = dict(branch_len=6, branch_num=6, gram_len=4, max_pad_len=2, flush_interval=2, keep_num=2)
+    assert by_label["official-rules"].official == {**knobs, "use_corpus": False}
+    assert by_label["default-corpus"].official == {**knobs, "use_corpus": True}
+    assert {label for label, case in by_label.items() if case.official["use_corpus"]} == USES_CORPUS
+    for label in OFFICIAL_START:
+        assert "method.drafter.branch_filling=diagonal" in by_label[label].overrides

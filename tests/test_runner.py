@@ -220,6 +220,29 @@ def test_local_weights_through_the_generic_hub_model(tmp_path):
     assert records(out)[0]["new_tokens"] == 12
 
 
+def test_keys_added_later_keep_stored_digests_at_their_older_value():
+    """A drafter key listed in the method's digest_defaults stays out of the digest at that value only."""
+    from omegaconf import OmegaConf
+
+    device, dtype = torch.device("cpu"), torch.float32
+    cfg = compose_run(*TINY, "method=pld")
+    before = config_digest(cfg, device, dtype)
+    OmegaConf.set_struct(cfg, False)
+    later = OmegaConf.merge(cfg, {"method": {"digest_defaults": {"new_rule": "old"}, "drafter": {"new_rule": "old"}}})
+    assert config_digest(later, device, dtype) == before
+    assert config_digest(OmegaConf.merge(later, {"method": {"drafter": {"new_rule": "new"}}}), device, dtype) != before
+
+
+def test_digest_defaults_name_keys_of_the_drafter():
+    """Every method's digest_defaults names a key its drafter node has, at the default the file gives it."""
+    from omegaconf import OmegaConf
+
+    for path in sorted((ROOT / "conf" / "method").glob("*.yaml")):
+        node = OmegaConf.load(path)
+        for key, older in (node.get("digest_defaults") or {}).items():
+            assert key in node.drafter and node.drafter[key] == older, f"{path.name}: digest_defaults.{key}"
+
+
 def test_digest_ignores_where_local_inputs_live():
     """A clone on another machine (other data_dir / corpus path / GPU layout) resumes the same runs; a knob change
     does not."""

@@ -3,10 +3,12 @@
 import random
 
 import pytest
+import torch
 
+from specbench.core.acceptance import Sampling, accept_match
 from specbench.core.tree import DraftTree
 from specbench.errors import ConfigError
-from specbench.structures.trie import TrieMemory, parallel_layout
+from specbench.structures.trie import NODE_PRUNINGS, Rules, Trie, TrieMemory, parallel_layout
 
 
 def node_at(memory: TrieMemory, first: int, path: list[int]):
@@ -224,3 +226,117 @@ def test_bad_parameters_are_config_errors():
         TrieMemory(branch_length=2, output_weight=2.0)
     with pytest.raises(ConfigError, match="max_query_length"):
         TrieMemory(branch_length=2, max_query_length=0)
+
+
+# ---------------------------------------------------------------------- the official code's rules (Rules)
+
+
+def test_output_threshold_selection_is_the_official_rule():
+    """Few candidates: every node, eliminated ones too; more than L_d (counted at any depth): f_out >= the
+    L_d/2-th largest f_out only, so prompt-only nodes never qualify."""
+    drafts = {}
+    for selection in ("union", "output_threshold"):
+        memory = TrieMemory(branch_length=2, max_query_length=1, rules=Rules(selection=selection))
+        memory.insert_sequence([7, 1, 2], output=True)
+        memory.insert_sequence([7, 3, 4], output=False)
+        memory.end_request()  # 3 and 4 now have zero frequency in both channels
+        few = memory.retrieve([7], 64, 2).tokens
+        memory.insert_sequence([7, 1, 2], output=True)  # 1 -> 2 seen twice
+        memory.insert_sequence([7, 5, 6], output=True)
+        memory.insert_sequence([7, 8, 9], output=False)  # the live prompt
+        drafts[selection] = few, memory.retrieve([7], 4, 1).tokens, memory.retrieve([7], 4, 2).tokens
+    assert drafts["union"] == ([7, 1, 2], [7, 8, 1, 5], [7, 8, 9, 1])
+    # depth 1 holds 3 candidates (< L_d = 4), but 6 are positive at any depth: the top-2 f_out (2.0) rule
+    assert drafts["output_threshold"] == ([7, 1, 2, 3, 4], [7, 1], [7, 1, 2])
+
+
+def test_official_fallback_stops_at_branch_length_tokens_root_included():
+    drafts = {}
+    for fallback in ("drafted", "official"):
+        memory = TrieMemory(branch_length=3, rules=Rules(query_fallback=fallback))
+        memory.insert_sequence([1, 2, 5, 6], output=True)  # (1, 2) -> 5 -> 6: 2 drafted nodes
+        memory.insert_sequence([2, 7, 8, 9], output=True)
+        memory.insert_sequence([3, 4], output=True)
+        memory.insert_sequence([6, 5], output=True)
+        two = memory.retrieve([1, 2], 64, 3)
+        # max depth 1: the first trie tried ends the search, even without a draft ((3, 6) does not match)
+        depth_one = memory.retrieve([3, 6], 64, 1).tokens
+        drafts[fallback] = two.tokens, two.query_length, depth_one
+    assert drafts["drafted"] == ([2, 5, 6, 7, 8, 9], 1, [6, 5])
+    assert drafts["official"] == ([2, 5, 6], 2, [6])
+
+
+@pytest.mark.parametrize(
+    "pruning,fallback,tokens",
+    [("official", "official", [2]), ("official", "drafted", [2, 5]), ("specbench", "official", [2, 5])],
+)
+def test_official_pruning_keeps_an_emptied_trie_whose_empty_result_replaces_a_draft(pruning, fallback, tokens):
+    rules = Rules(query_fallback=fallback, node_pruning=pruning)
+    memory = TrieMemory(branch_length=3, max_node=3, prune_min_trees=1, rules=rules)
+    memory.insert_sequence([1, 2, 5], output=True)
+    memory.insert_sequence([2, 6, 7, 8, 9], output=True)  # mem[2] grows to 5 nodes > 3, each seen once
+    memory.end_request()
+    assert (2 in memory.mem) == (pruning == "official") and not memory.mem.get(2, Trie()).children
+    assert memory.retrieve([1, 2], 64, 3).tokens == tokens
+
+
+def test_official_pruning_counts_created_output_nodes_and_marks_only_existing_tries():
+    counted = {}
+    for pruning in NODE_PRUNINGS:
+        memory = TrieMemory(branch_length=2, max_query_length=1, prune_min_trees=1, rules=Rules(node_pruning=pruning))
+        memory.insert_sequence([1, 2, 3], output=False)
+        memory.insert_sequence([1, 2, 3], output=True)  # the nodes exist: output frequency, no new node
+        memory.end_request()  # the first insertion created mem[1] and mem[2]; the second one marked them
+        memory.insert_sequence([5, 6], output=True)  # creates mem[5]
+        memory.end_request()
+        counted[pruning] = memory.mem[1].n_output_node, memory.prune_passes
+        memory.stream_output([8, 9, 10, 11])  # stream windows always mark their trie
+        memory.end_request()
+        assert memory.prune_passes == counted[pruning][1] + 1
+    assert counted == {"specbench": (2, 2), "official": (0, 1)}
+
+
+def test_fixed_branch_window_stores_branch_length_plus_one_tokens():
+    assert TrieMemory(branch_length=3, max_query_length=3).window == 5
+    fixed = TrieMemory(branch_length=3, max_query_length=3, rules=Rules(branch_window="fixed"))
+    assert fixed.window == 4
+    fixed.insert_sequence([1, 2, 3, 4, 5, 6], output=True)
+    assert node_at(fixed, 1, [2, 3, 4, 5]).children == {}
+
+
+def test_output_first_single_branch_follows_output_frequency():
+    memory = TrieMemory(branch_length=2, max_query_length=1, rules=Rules(single_ranking="output_first"))
+    for _ in range(5):
+        memory.insert_sequence([7, 1, 2], output=True)
+    memory.insert_sequence([7, 3, 4], output=False)  # fm ranks this prompt branch first
+    assert memory.retrieve_branch([7], max_depth=2).tokens == [7, 1, 2]
+
+
+def test_official_single_fallback_stops_at_half_the_branch_length_root_included():
+    for fallback, tokens in (("drafted", [2, 7, 8, 9]), ("official", [2, 5])):
+        memory = TrieMemory(branch_length=4, rules=Rules(query_fallback=fallback))
+        memory.insert_sequence([1, 2, 5], output=True)  # (1, 2) -> 5: 1 drafted node, 2 tokens
+        for _ in range(2):
+            memory.insert_sequence([2, 7, 8, 9], output=True)
+        assert memory.retrieve_branch([1, 2], max_depth=4).tokens == tokens
+
+
+def test_parallel_all_branches_hangs_a_branch_under_the_first_copy_of_its_prefix():
+    tokens, parents = [0, 10, 11, 12, 20], [-1, 0, 1, 1, 0]  # 0 -> 10 -> {11, 12}; 0 -> 20
+    laid = parallel_layout(tokens, parents, all_branches=True)
+    assert laid == ([0, 10, 11, 10, 12], [-1, 0, 1, 0, 1])  # the copy of 10 stays, 12 hangs under the first
+    three = parallel_layout([0, 1, 2, 3, 4, 5], [-1, 0, 1, 2, 1, 0], all_branches=True)  # 1 2 3 | 1 4 | 5
+    assert three == ([0, 1, 2, 3, 1, 4], [-1, 0, 1, 2, 0, 1])
+    greedy = {0: 10, 1: 12, 4: 99}  # the target's argmax at each node: 10, then 12
+    for all_branches, path in ((False, [0, 1]), (True, [0, 1, 4])):
+        tree = DraftTree(*parallel_layout(tokens, parents, all_branches))
+        logits = torch.zeros(len(tree), 100)
+        for node, token in greedy.items():
+            logits[node, token] = 1.0
+        assert accept_match(tree, logits, Sampling()).path == path
+
+
+def test_bad_rules_are_config_errors():
+    for key in ("selection", "query_fallback", "single_ranking", "node_pruning", "branch_window"):
+        with pytest.raises(ConfigError, match=key):
+            Rules(**{key: "nope"})

@@ -6,18 +6,26 @@ far in this and earlier requests, and optional warm-up answers from a dataset's 
 branches). Up to ``decoding_length`` tokens of the matched sub-trie are verified in one forward as a
 tree (``hierarchical``), as separate root-to-leaf chains (``parallel``) or as one branch (``single``,
 the LLMA baseline). Drafts are deterministic, so the ``match`` rule keeps decoding lossless.
+
+Every rule in which the official code (alipay/PainlessInferenceAcceleration) differs has a switch
+whose non-default value reproduces it (``cut_at_eos``, ``insert_first_prompt_token``, ``selection``,
+``query_fallback``, ``single_ranking``, ``parallel_verify``, ``node_pruning``, ``branch_window``;
+docs/methods/lookahead.md). They are constructor defaults, left out of conf/method/lookahead.yaml so
+runs at the defaults keep their config digest: ``+method.drafter.<key>=<value>`` sets one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from specbench.core.drafter import DecodeContext, Drafter, knob_choice, knob_int, knob_number, stopwatch
 from specbench.core.tree import DraftTree
 from specbench.errors import ConfigError
-from specbench.structures.trie import Draft, TrieMemory, parallel_layout
+from specbench.models.loading import eos_token_ids
+from specbench.structures.trie import Draft, Rules, TrieMemory, parallel_layout
 
 MODES = ("hierarchical", "parallel", "single")
+PARALLEL_VERIFY = ("first_branch", "all_branches")
 WARMUP_KEYS = ("dataset", "limit", "data_dir")
 
 
@@ -83,6 +91,14 @@ class Lookahead(Drafter):
         insert_prompt: bool = True,
         insert_output: bool = True,
         eliminate_input: bool = True,
+        cut_at_eos: bool = False,
+        insert_first_prompt_token: bool = True,
+        selection: str = "union",
+        query_fallback: str = "drafted",
+        single_ranking: str = "mixed",
+        parallel_verify: str = "first_branch",
+        node_pruning: str = "specbench",
+        branch_window: str = "query_length",
     ):
         super().__init__()
         knob_int("decoding_length", decoding_length, 1, "L_d")  # 1 = no draft
@@ -107,6 +123,11 @@ class Lookahead(Drafter):
         # elimination of the finished prompt's branches
         self.insert_prompt, self.insert_output = bool(insert_prompt), bool(insert_output)
         self.eliminate_input = bool(eliminate_input)
+        # the official code's rules, each off by default (docs/methods/lookahead.md, "Official rules")
+        self.cut_at_eos, self.insert_first_prompt_token = bool(cut_at_eos), bool(insert_first_prompt_token)
+        self.rules = Rules(selection, query_fallback, single_ranking, node_pruning, branch_window)
+        self.parallel_verify = knob_choice("parallel_verify", parallel_verify, PARALLEL_VERIFY)
+        self.eos_ids: frozenset[int] = frozenset()  # set by setup (what cut_at_eos cuts at)
         self.memory = self._new_memory()
         self.warmup_answers = 0
         self.warmup_s = 0.0
@@ -125,16 +146,27 @@ class Lookahead(Drafter):
             self.insert_prompt,
             self.insert_output,
             self.eliminate_input,
+            self.rules,
         )
+
+    def _branch_ids(self, ids: Sequence[int]) -> Sequence[int]:
+        """``ids`` up to their first EOS under ``cut_at_eos`` (the official insertions' cut), else all of them."""
+        if self.cut_at_eos:
+            for i, token in enumerate(ids):
+                if token in self.eos_ids:
+                    return ids[:i]
+        return ids
 
     def setup(self, target, tokenizer) -> None:
         """Start the run with a fresh memory, warmed up with the dev answers as OUTPUT branches."""
+        self.eos_ids = eos_token_ids(target, tokenizer) if target is not None else frozenset()
         with stopwatch() as lap:
             self.memory = self._new_memory()
             answers = warmup_answer_ids(self.warmup, tokenizer)
             for ids in answers:
-                self.memory.insert_sequence(ids, output=True)
-            self.memory.end_request()  # prunes when the warm-up touched enough tries
+                self.memory.insert_sequence(self._branch_ids(ids), output=True)
+            if self.rules.node_pruning == "specbench":  # the official code prunes at the first request's end
+                self.memory.end_request()  # prunes when the warm-up touched enough tries
         self.warmup_answers = len(answers)
         self.warmup_s = lap.seconds
         self._tokens = None
@@ -143,28 +175,31 @@ class Lookahead(Drafter):
         """End the previous request (last windows, elimination, pruning), then insert this prompt."""
         with self.books.timed("end_request"):
             if self._tokens is not None:
-                self.memory.stream_output(self._tokens[self._synced :])
+                self.memory.stream_output(self._branch_ids(self._tokens[self._synced :]))
             self.memory.end_request()
-            self.memory.insert_sequence(prompt_ids, output=False)
+            prompt = prompt_ids if self.insert_first_prompt_token else prompt_ids[1:]
+            self.memory.insert_sequence(self._branch_ids(prompt), output=False)
         self._tokens = None
         self._synced = len(prompt_ids)
 
     def _sync(self, ctx: DecodeContext) -> None:
         """Stream the tokens committed since the last step (ctx.tokens is the truth after EOS/budget cuts)."""
         self._tokens = ctx.tokens
-        self.memory.stream_output(ctx.tokens[self._synced :])
+        self.memory.stream_output(self._branch_ids(ctx.tokens[self._synced :]))
         self._synced = len(ctx.tokens)
 
     def propose(self, ctx: DecodeContext) -> DraftTree:
         """Retrieve a draft for the last committed tokens and lay it out per ``mode``."""
         self._sync(ctx)
-        max_depth = min(self.branch_length, self.decoding_length - 1, ctx.remaining - 1)
+        max_depth = min(self.branch_length, ctx.remaining - 1)
+        if self.rules.query_fallback == "drafted" or self.decoding_length == 1:  # official: L_d caps no depth
+            max_depth = min(max_depth, self.decoding_length - 1)
         query = ctx.tokens[-self.max_query_length :]
         with self.books.timed("retrieve"):
             draft = self._retrieve(query, max_depth)
         tokens, parents = draft.tokens, draft.parents
         if self.mode == "parallel":
-            tokens, parents = parallel_layout(tokens, parents)
+            tokens, parents = parallel_layout(tokens, parents, self.parallel_verify == "all_branches")
         tree = DraftTree(tokens, parents)
         self.books.add(
             steps=1,

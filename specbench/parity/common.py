@@ -80,13 +80,17 @@ class OfficialSource:
         return self.folder
 
     def fetch(self) -> None:
-        """Clone (``SPECBENCH_PARITY_GIT`` = a local mirror folder or another URL, if set) and check out the commit."""
+        """Clone (``SPECBENCH_PARITY_GIT`` = a local mirror folder or another URL, if set) and check out the commit.
+
+        The clone checks nothing out (``--no-checkout``): the commit may sit on any branch, and a mirror that
+        lacks some large blobs (figures) still gives every other file of the commit.
+        """
         if self.head() == self.commit:
             return
         url = os.environ.get("SPECBENCH_PARITY_GIT") or self.url
         if self.head() is None:
             self.folder.parent.mkdir(parents=True, exist_ok=True)
-            subprocess.run(["git", "clone", "--quiet", url, str(self.folder)], check=True)
+            subprocess.run(["git", "clone", "--quiet", "--no-checkout", url, str(self.folder)], check=True)
         subprocess.run(["git", "-C", str(self.folder), "checkout", "--quiet", self.commit], check=True)
 
 

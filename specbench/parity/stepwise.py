@@ -210,11 +210,14 @@ def summary_lines(rows: list[Row]) -> list[str]:
         "tokens/step off / ours | = AR off · ours |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    groups: dict[tuple[str, str], list[Row]] = {}
-    for row in rows:
-        groups.setdefault((row.case, row.dataset), []).append(row)
-        groups.setdefault((row.case, "all"), []).append(row)
-    for (case, dataset), group in groups.items():
+    cases = list(dict.fromkeys(r.case for r in rows))
+    datasets = list(dict.fromkeys(r.dataset for r in rows))
+    groups = [(c, d, [r for r in rows if r.case == c and r.dataset == d]) for c in cases for d in datasets]
+    if len(datasets) > 1:  # each case's datasets together, after its own rows
+        groups = [
+            g for c in cases for g in [*(g for g in groups if g[0] == c), (c, "all", [r for r in rows if r.case == c])]
+        ]
+    for case, dataset, group in groups:
         off = sum(len(r.official) for r in group)
         ours = sum(len(r.ours) for r in group)
         tokens = sum(r.new_tokens for r in group)

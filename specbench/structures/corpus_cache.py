@@ -17,7 +17,7 @@ import json
 import os
 import time
 import zipfile
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -100,18 +100,23 @@ class CorpusCache:
     # --- lookup ------------------------------------------------------------------------------
 
     def lookup(
-        self, context: Sequence[int], limit: int, exclude: Collection[tuple[int, ...]] = ()
+        self, context: Sequence[int], limit: int, exclude: Collection[tuple[int, ...]] = (), refill: bool = True
     ) -> list[Continuation]:
         """Longest-suffix match: continuations of the last max_key_len tokens of ``context``, then shorter
         suffixes down to 1; within a key by descending count; skip those in ``exclude`` and duplicates;
-        at most ``limit`` continuation tuples (each continuation_len tokens)."""
+        at most ``limit`` continuation tuples (each continuation_len tokens).
+
+        ``refill=False`` is the official rule: of each key only the first (``limit`` - found so far)
+        continuations are looked at, so a skipped one is not replaced from the same key.
+        """
         found: list[Continuation] = []
         if limit <= 0:
             return found
         seen = {tuple(candidate) for candidate in exclude}
         end = len(context)
         for key_len in range(min(self.max_key_len, end), 0, -1):
-            for continuation in self._continuations.get(tuple(context[end - key_len :]), ()):
+            continuations = self._continuations.get(tuple(context[end - key_len :]), ())
+            for continuation in continuations if refill else continuations[: limit - len(found)]:
                 if continuation not in seen:
                     seen.add(continuation)
                     found.append(continuation)
@@ -123,6 +128,10 @@ class CorpusCache:
         """The stored (continuation, count) pairs of one key, best first (empty when absent)."""
         key = tuple(key)
         return list(zip(self._continuations.get(key, ()), self._counts.get(key, ())))
+
+    def __iter__(self) -> Iterator[Key]:
+        """The stored keys, in stored order."""
+        return iter(self._continuations)
 
     def __len__(self) -> int:
         """Number of keys."""

@@ -300,7 +300,7 @@ class LayerFeeder:
 class Eagle2(EagleDrafter):
     """EAGLE-2's dynamic tree: expansion of the top_k most confident nodes for ``depth`` layers, then reranking."""
 
-    def __init__(self, top_k: int = 10, depth: int = 6, total_tokens: int = 60, **settings):
+    def __init__(self, top_k: int = 10, depth: int = 5, total_tokens: int = 60, **settings):
         self.top_k = knob_int("top_k", top_k, 1, "k")
         self.depth = knob_int("depth", depth, 1, "d")
         self.total_tokens = knob_int("total_tokens", total_tokens, 2, "m")

@@ -488,9 +488,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_json:
         payload = json.loads(Path(args.from_json).read_text())
     else:
-        payload = measure(
-            args, "python -m specbench.parity anpd " + shlex.join(argv if argv is not None else sys.argv[2:])
-        )
+        command = f"python -m specbench.parity anpd {shlex.join(argv if argv is not None else sys.argv[2:])}"
+        payload = measure(args, command.rstrip())
         out.with_suffix(".json").write_text(json.dumps(payload))
     write_table(out, payload)
     print(f"[parity] wrote {out}")

@@ -89,6 +89,12 @@ docs/methods/self_draft.md "Deliberate differences"):
    run here: its slow tokenizer does not load from the embedded checkpoint (transformers-5 files) and its
    OANC paths are hard-coded. The corpus cases give the official lookup specbench's table (the SOTU corpus,
    `SPECBENCH_CORPUS_DIR`), so they compare the lookup and its use, not the mining.
+
+Not a rule difference: the official code's float16 masks (eager attention, added to float32 scores) and
+transformers 4.37 vs 5.x; a near-tie could flip a branch prediction, which the `official-rules` cases
+would show as a first differing step. With every option on and the official pads, a prompt that still
+differs is a rule not found yet. The weight of each rule (the `official-rules` case with one option
+back at its default): docs/methods/self_draft.md, "Parity with the official code".
 """
 
 SIDE = SideEnv(".venv-parity-self_draft", OFFICIAL_PINS, SOURCE)

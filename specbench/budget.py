@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
@@ -27,7 +28,7 @@ from specbench.costmodel import LatencyCurve, StepCosts, choose_budget, ideal_sp
 from specbench.data.base import Dataset, Sample
 from specbench.engines import build_engine
 from specbench.models.loading import LoadedModel
-from specbench.profile import cached_curve, context_bucket
+from specbench.profile import cached_curve, context_bucket, curve_path
 
 KNOB_NODE = "budget_knob"
 """The method config node that names the size knob (``key``, relative to the method node) and its ``grid``."""
@@ -35,6 +36,9 @@ BUDGET_FILE = "budget.json"
 """Where a budget=auto run keeps its choice and evidence, so a resumed run reuses them."""
 CALIBRATION_WARMUP_TOKENS = 16
 """Tokens of the untimed generation each calibrated engine runs first (allocator, draft caches, kernels)."""
+CURVE_TOLERANCE = 0.10
+"""How far the calibration's AR forwards may be from a cached curve's T(1) (relative) before the curve is measured
+again: a curve cached on a busier or another machine would misprice every setting."""
 
 
 def knobbed_methods(conf_dir: Path = CONF_DIR) -> list[str]:
@@ -102,6 +106,25 @@ def held_out(dataset: Dataset, run_samples: list[Sample], count: int) -> tuple[l
     return every[-count:], True
 
 
+def forward_ms(generations: list[Generation]) -> float:
+    """The median measured verify forward (ms) over the steps of generations timed with the step breakdown."""
+    return 1e3 * float(np.median([v for gen in generations for v in gen.verify_s or []]))
+
+
+@dataclass(frozen=True)
+class CurveCheck:
+    """The curve's T(1) against AR's forwards measured in the calibration: a stale cached curve is measured again."""
+
+    measured_ms: float  # median verify forward of AR's calibration steps
+    curve_ms: float  # the pricing curve's T(1)
+    remeasured: bool  # the pricing curve was measured during this calibration (not read from the cache)
+
+    @property
+    def stale(self) -> bool:
+        """The curve was read from the cache and its T(1) is off the measured forwards by more than the tolerance."""
+        return not self.remeasured and abs(self.curve_ms / self.measured_ms - 1) > CURVE_TOLERANCE
+
+
 @dataclass
 class Calibration:
     """What ``auto`` measured: the prompts, the curve that priced the steps, and every setting's costs."""
@@ -111,6 +134,7 @@ class Calibration:
     overlaps_run: bool
     max_new_tokens: int
     curve: LatencyCurve
+    curve_check: CurveCheck
     ar: StepCosts
     candidates: dict[int, StepCosts]
     seconds: float
@@ -128,6 +152,7 @@ class Calibration:
             "ar": vars(self.ar),
             "curve": self.curve.to_dict(),
             "curve_digest": self.curve.digest(),
+            "curve_check": asdict(self.curve_check),
             "calibration": {
                 "sample_ids": self.sample_ids,
                 "overlaps_run": self.overlaps_run,
@@ -204,7 +229,17 @@ def calibrate(
         ar_runs = measure_setting(ar_method(), lm, sampling, prompts, max_new_tokens, cfg.seed)
         bar.update()
     mean_prompt = sum(map(len, prompts)) / len(prompts)
-    curve = cached_curve(lm, device, context_bucket(mean_prompt + max_new_tokens / 2), bool(settings.remeasure))
+    bucket = context_bucket(mean_prompt + max_new_tokens / 2)
+    fresh = bool(settings.remeasure) or not curve_path(lm, device, bucket).is_file()
+    curve = cached_curve(lm, device, bucket, bool(settings.remeasure))
+    check = CurveCheck(forward_ms(ar_runs), curve.step_ms, remeasured=fresh)
+    if check.stale:
+        tqdm.write(
+            f"budget=auto: the cached latency curve's T(1) is {check.curve_ms:.1f} ms but AR's forwards took "
+            f"{check.measured_ms:.1f} ms here; measuring the curve again"
+        )
+        curve = cached_curve(lm, device, bucket, remeasure=True)
+        check = replace(check, curve_ms=curve.step_ms, remeasured=True)
     ar = generation_costs(ar_runs, curve)
     candidates = {value: generation_costs(generations, curve) for value, generations in runs.items()}
     return Calibration(
@@ -213,6 +248,7 @@ def calibrate(
         overlaps,
         max_new_tokens,
         curve,
+        check,
         ar,
         candidates,
         time.perf_counter() - started,

@@ -134,10 +134,14 @@ def ideal_speedup(costs: StepCosts, curve: LatencyCurve) -> float:
     return costs.tokens_per_step * curve.step_ms / costs.verify_ms
 
 
+def modelled_ms_per_token(costs: StepCosts) -> float:
+    """The cost model's price of one emitted token: a step's forward T(k) plus its measured overhead, over tau."""
+    return (costs.verify_ms + costs.overhead_ms) / costs.tokens_per_step
+
+
 def predicted_speedup(costs: StepCosts, ar: StepCosts) -> float:
     """Tokens per ms of the setting over AR's, each step priced at its forward plus its measured overhead."""
-    ar_ms_per_token = (ar.verify_ms + ar.overhead_ms) / ar.tokens_per_step
-    return costs.tokens_per_step * ar_ms_per_token / (costs.verify_ms + costs.overhead_ms)
+    return modelled_ms_per_token(ar) / modelled_ms_per_token(costs)
 
 
 def choose_budget(candidates: Mapping[int, StepCosts], ar: StepCosts) -> int:

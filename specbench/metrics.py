@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from specbench.costmodel import LatencyCurve, ideal_speedup, nearest_curve, step_costs
+from specbench.costmodel import LatencyCurve, ideal_speedup, modelled_ms_per_token, nearest_curve, step_costs
 from specbench.schema import PHASES, SUMMARY_FIELDS, SUMMARY_VERSION
 
 PERCENTILES = (50, 90, 99)
@@ -179,28 +179,34 @@ def side_branch_share(records: Iterable[dict]) -> float | None:
     return _ratio(sum(bool(side) for side in branched), len(branched)) if branched else None
 
 
-COST_METRICS = ("ideal_speedup", "verify_ms", "curve_context")
+COST_METRICS = ("ideal_speedup", "verify_ms", "modelled_ms_per_token", "curve_context")
 
 
 def cost_metrics(records: list[dict], curves: Sequence[LatencyCurve]) -> dict:
     """The run's steps priced with the latency curve nearest its mean context: ``verify_ms`` (mean T(k) per
-    step) and ``ideal_speedup`` (tau * T(1) / mean T(k)); None without a curve or without traced steps."""
+    step), ``ideal_speedup`` (tau * T(1) / mean T(k)) and ``modelled_ms_per_token`` ((mean T(k) + the measured
+    time outside the forward per step) / tau: the cost model's price of a token of this run, None without the
+    step breakdown); None without a curve or without traced steps."""
     priced = [r for r in records if r.get("accept_lengths") and r.get("draft_tokens") is not None]
     if not curves or not priced:
         return dict.fromkeys(COST_METRICS)
     context = np.mean([(r["prompt_tokens"] or 0) + r["new_tokens"] / 2 for r in priced])
     curve = nearest_curve(curves, float(context))
+    timed = all(r.get("verify_s") is not None and r.get("step_s") is not None for r in priced)
     costs = step_costs(
         [n for r in priced for n in r["accept_lengths"]],
         [n for r in priced for n in r["draft_tokens"]],
         [d for r in priced for d in (r.get("draft_depth") or [None] * len(r["draft_tokens"]))],
         [w for r in priced for w in (r.get("verify_tokens") or [None] * len(r["draft_tokens"]))],
-        [0.0] * sum(len(r["accept_lengths"]) for r in priced),
+        [s - v for r in priced for s, v in zip(r["step_s"], r["verify_s"], strict=True)]
+        if timed
+        else [0.0] * sum(len(r["accept_lengths"]) for r in priced),
         curve,
     )
     return {
         "ideal_speedup": ideal_speedup(costs, curve),
         "verify_ms": costs.verify_ms,
+        "modelled_ms_per_token": modelled_ms_per_token(costs) if timed else None,
         "curve_context": curve.context_length,
     }
 

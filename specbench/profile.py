@@ -274,10 +274,15 @@ def read_curve(path: Path) -> LatencyCurve:
     return LatencyCurve.from_dict(json.loads(path.read_text())["curve"])
 
 
+def curve_path(lm: LoadedModel, device: torch.device, context_length: int) -> Path:
+    """Where the latency curve of ``lm`` on ``device`` at ``context_length`` cached tokens is (or will be) cached."""
+    return curve_folder(lm.name, device, lm.model.dtype) / f"c{context_length}.json"
+
+
 def cached_curve(lm: LoadedModel, device: torch.device, context_length: int, remeasure: bool = False) -> LatencyCurve:
     """The latency curve of ``lm`` at ``context_length`` cached tokens: read from the cache, else measured (a few
     hundred forwards, round-robin over the cells) and cached with when and where it was measured."""
-    path = curve_folder(lm.name, device, lm.model.dtype) / f"c{context_length}.json"
+    path = curve_path(lm, device, context_length)
     if path.is_file() and not remeasure:
         return read_curve(path)
     rows = profile_latency(

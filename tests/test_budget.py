@@ -6,12 +6,21 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from specbench.budget import KNOB_NODE, default_value, grid, held_out, knob_key, knobbed_methods, with_budget
+from specbench.budget import (
+    KNOB_NODE,
+    CurveCheck,
+    default_value,
+    grid,
+    held_out,
+    knob_key,
+    knobbed_methods,
+    with_budget,
+)
 from specbench.config import compose_config
 from specbench.data.base import build_dataset
 from specbench.engines import check_method
 from specbench.errors import ConfigError
-from specbench.profile import cached_curves
+from specbench.profile import cached_curves, curve_folder
 from specbench.report.read import load
 from specbench.report.view import report_table
 from specbench.runner import Runner, config_digest
@@ -102,6 +111,7 @@ def test_auto_budget_calibrates_records_its_evidence_and_resumes(tmp_path, train
     assert set(map(int, stored["candidates"])) == {1, 2, 3, 4, 6, 8, 10}
     assert stored["value"] in (1, 2, 3, 4, 6, 8, 10) and stored["predicted_speedup"] > 0
     assert stored["calibration"]["sample_ids"] and not stored["calibration"]["overlaps_run"]
+    assert stored["curve_check"]["curve_ms"] == pytest.approx(stored["curve"]["chain_ms"][0])
     summary = json.loads((auto / "summary.json").read_text())
     assert summary["budget"] == stored and summary["latency_curves"]
     assert summary["hyperparameters"]["drafter"]["num_pred_tokens"] == stored["value"]
@@ -120,6 +130,34 @@ def test_auto_budget_calibrates_records_its_evidence_and_resumes(tmp_path, train
     assert cost.loc["ar", "ideal_speedup"] == pytest.approx(1.0)
     assert cost.loc["pld", "budget"] == f"auto:{stored['value']}"
     assert cost.loc["pld", "predicted_speedup"] == pytest.approx(stored["predicted_speedup"])
+    runs = load([tmp_path])[0].set_index("method")
+    ms_per_token = runs["modelled_ms_per_token"]
+    assert cost.loc["pld", "modelled_speedup"] == pytest.approx(ms_per_token["ar"] / ms_per_token["pld"])
+    assert cost.loc["ar", "modelled_speedup"] == pytest.approx(1.0)
+
+
+def test_a_stale_cached_curve_is_measured_again(tmp_path, training_cache, capsys):
+    """A cached curve ten times slower than this machine's forwards is measured again before pricing (a curve
+    measured in the calibration itself is never checked against it)."""
+    common = [*TINY, "method=pld", "budget=auto", "calibration.prompts=1", "calibration.max_new_tokens=8", "limit=1"]
+    first = json.loads((Runner(compose_config(*common, f"output_dir={tmp_path}/a")).run() / "budget.json").read_text())
+    (path,) = curve_folder("tiny_llama", *_cpu()).glob(f"c{first['curve']['context_length']}.json")
+    cached = json.loads(path.read_text())
+    cached["curve"] |= {key: [10 * ms for ms in cached["curve"][key]] for key in ("chain_ms", "tree_ms")}
+    path.write_text(json.dumps(cached))
+    second = json.loads((Runner(compose_config(*common, f"output_dir={tmp_path}/b")).run() / "budget.json").read_text())
+    assert first["curve_check"]["remeasured"] and second["curve_check"]["remeasured"]
+    assert second["curve_check"]["curve_ms"] == pytest.approx(second["curve"]["chain_ms"][0])
+    assert second["curve"]["chain_ms"][0] < cached["curve"]["chain_ms"][0] / 2
+    assert "measuring the curve again" in capsys.readouterr().out
+
+
+def test_a_cached_curve_off_the_measured_forwards_is_stale():
+    """Only a cached (not just measured) curve whose T(1) misses AR's measured forwards by over 10 % is stale."""
+    assert not CurveCheck(measured_ms=100.0, curve_ms=109.0, remeasured=False).stale
+    assert CurveCheck(measured_ms=100.0, curve_ms=125.0, remeasured=False).stale
+    assert CurveCheck(measured_ms=100.0, curve_ms=85.0, remeasured=False).stale
+    assert not CurveCheck(measured_ms=100.0, curve_ms=125.0, remeasured=True).stale
 
 
 def _cpu():

@@ -11,6 +11,7 @@ from specbench.costmodel import (
     choose_budget,
     curve_from_rows,
     ideal_speedup,
+    modelled_ms_per_token,
     nearest_curve,
     predicted_speedup,
     step_costs,
@@ -103,6 +104,8 @@ def test_ideal_and_predicted_speedups_follow_their_definitions():
     assert ideal_speedup(costs, FLAT) == pytest.approx(3.0 * 10.0 / 15.0)
     assert predicted_speedup(costs, ar) == pytest.approx(3.0 * 11.0 / 20.0)
     assert predicted_speedup(ar, ar) == pytest.approx(1.0)
+    assert modelled_ms_per_token(costs) == pytest.approx(20.0 / 3.0)
+    assert predicted_speedup(costs, ar) == pytest.approx(modelled_ms_per_token(ar) / modelled_ms_per_token(costs))
 
 
 def test_a_flat_latency_curve_picks_the_largest_budget():

@@ -22,8 +22,9 @@ verify forward added), ``output_ids`` = every token after the prompt, so ``len(o
 from __future__ import annotations
 
 import json
-import platform
 import sys
+
+from official_output import greedy_references, print_output
 
 PATCHES = [
     "grouped-query attention: the official `LlamaAttention` sizes k_proj / v_proj with `num_attention_heads` "
@@ -133,7 +134,6 @@ def main(job_path: str) -> int:
     sys.path.insert(0, f"{job['source']}/lookahead")
 
     import torch
-    import transformers
     from lookahead.common.lookahead_cache import LookaheadCache
     from lookahead.models.llama.modeling_llama import LlamaForCausalLM as OfficialLlama
     from transformers import LlamaForCausalLM
@@ -154,24 +154,7 @@ def main(job_path: str) -> int:
             print(f"[official:{case['label']}] {prompt['id']}: {record['steps']} steps", file=sys.stderr, flush=True)
     del model
     plain = LlamaForCausalLM.from_pretrained(job["model_dir"], config=config, torch_dtype=torch.float32).eval()
-    ar = {}
-    for prompt in job["prompts"]:
-        ids = torch.tensor([prompt["ids"]])
-        out = plain.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=budget,
-            do_sample=False,
-            eos_token_id=eos_ids,
-            pad_token_id=eos_ids[0],
-        )
-        ar[prompt["id"]] = out[0, len(prompt["ids"]) :].tolist()
-    versions = {
-        "transformers": transformers.__version__,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-    }
-    print(json.dumps({"versions": versions, "patches": PATCHES, "records": records, "ar": ar}))
+    print_output(PATCHES, records, greedy_references(plain, job))
     return 0
 
 

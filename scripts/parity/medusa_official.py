@@ -22,8 +22,9 @@ committed tokens plus the held next root (argmax of the returned logits), so
 from __future__ import annotations
 
 import json
-import platform
 import sys
+
+from official_output import greedy_references, print_output
 
 PATCHES = [
     "config: transformers 4.36 does not read the `rope_parameters` dict that the embedded checkpoint's "
@@ -134,7 +135,6 @@ def main(job_path: str) -> int:
     sys.path.insert(0, job["source"])
 
     import torch
-    import transformers
     from transformers import LlamaForCausalLM
 
     torch.set_grad_enabled(False)
@@ -149,22 +149,7 @@ def main(job_path: str) -> int:
             print(f"[official:{case['label']}] {prompt['id']}: {record['steps']} steps", file=sys.stderr, flush=True)
     del model
     plain = LlamaForCausalLM.from_pretrained(job["model_dir"], config=config, torch_dtype=torch.float32).eval()
-    ar = {}
-    for prompt in job["prompts"]:
-        out = plain.generate(
-            torch.tensor([prompt["ids"]]),
-            max_new_tokens=budget,
-            do_sample=False,
-            eos_token_id=job["eos_ids"],
-            pad_token_id=job["eos_ids"][0],
-        )
-        ar[prompt["id"]] = out[0, len(prompt["ids"]) :].tolist()
-    versions = {
-        "transformers": transformers.__version__,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-    }
-    print(json.dumps({"versions": versions, "patches": PATCHES, "records": records, "ar": ar}))
+    print_output(PATCHES, records, greedy_references(plain, job))
     return 0
 
 

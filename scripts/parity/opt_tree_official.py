@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import platform
 import sys
+
+from official_output import greedy_references, print_output
 
 PATCHES = [
     "config: transformers 4.41 does not read the `rope_parameters` dict that the checkpoints' config.json "
@@ -155,7 +156,6 @@ def main(job_path: str) -> int:
     sys.path.insert(0, job["source"])
 
     import torch
-    import transformers
     from transformers import LlamaForCausalLM
 
     torch.set_grad_enabled(False)
@@ -171,22 +171,7 @@ def main(job_path: str) -> int:
     del model
     config = patched_config(job["model_dir"])
     plain = LlamaForCausalLM.from_pretrained(job["model_dir"], config=config, torch_dtype=torch.float32).eval()
-    ar = {}
-    for prompt in job["prompts"]:
-        out = plain.generate(
-            torch.tensor([prompt["ids"]]),
-            max_new_tokens=budget,
-            do_sample=False,
-            eos_token_id=job["eos_ids"],
-            pad_token_id=job["eos_ids"][0],
-        )
-        ar[prompt["id"]] = out[0, len(prompt["ids"]) :].tolist()
-    versions = {
-        "transformers": transformers.__version__,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-    }
-    print(json.dumps({"versions": versions, "patches": PATCHES, "records": records, "ar": ar}))
+    print_output(PATCHES, records, greedy_references(plain, job))
     return 0
 
 

@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import importlib.machinery
 import json
-import platform
 import sys
 import types
 from argparse import Namespace
+
+from official_output import greedy_generate, greedy_references, print_output
 
 PATCHES = [
     "imports: the package `self_draft/__init__.py` imports `utils.py`, which needs fastchat and psutil; the "
@@ -134,21 +135,6 @@ def draft_config(case: dict) -> Namespace:
     )
 
 
-def generate(model, ids: list[int], budget: int, eos_ids: list[int]):
-    """One official ``generate`` call (greedy): the sequence it returns and its step count (prefill included)."""
-    import torch
-
-    inputs = torch.tensor([ids])
-    return model.generate(
-        inputs,
-        attention_mask=torch.ones_like(inputs),
-        max_new_tokens=budget,
-        do_sample=False,
-        eos_token_id=eos_ids,
-        pad_token_id=eos_ids[0],
-    )
-
-
 def run_case(model, modules, case: dict, job: dict, corpus) -> list[dict]:
     """Every prompt of one case in order, flushing as the official question loop does."""
     branch = modules["draft_branch"].DraftBranch
@@ -169,7 +155,7 @@ def run_case(model, modules, case: dict, job: dict, corpus) -> list[dict]:
     try:
         for prompt in job["prompts"]:
             calls.clear()
-            out, steps, _ = generate(model, prompt["ids"], job["max_new_tokens"], job["eos_ids"])
+            out, steps, _ = greedy_generate(model, prompt["ids"], job["max_new_tokens"], job["eos_ids"])
             produced = [token for call in calls for token in call]
             returned = out[0, len(prompt["ids"]) :].tolist()
             assert steps == len(calls) and produced[: len(returned)] == returned
@@ -198,7 +184,6 @@ def main(job_path: str) -> int:
     with open(job_path) as f:
         job = json.load(f)
     import torch
-    import transformers
 
     torch.set_grad_enabled(False)
     modules = import_official(job["source"])
@@ -214,16 +199,7 @@ def main(job_path: str) -> int:
         records += [{**record, "case": case["label"]} for record in runs[knobs]]
     model.draft_config = draft_config({**job["cases"][0], "use_corpus": 0})
     model.draft_config.self_draft = 0  # the official proxy then runs transformers' own greedy search
-    ar = {}
-    for prompt in job["prompts"]:
-        out = generate(model, prompt["ids"], job["max_new_tokens"], job["eos_ids"])
-        ar[prompt["id"]] = out[0, len(prompt["ids"]) :].tolist()
-    versions = {
-        "transformers": transformers.__version__,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-    }
-    print(json.dumps({"versions": versions, "patches": PATCHES, "records": records, "ar": ar}))
+    print_output(PATCHES, records, greedy_references(model, job))
     return 0
 
 

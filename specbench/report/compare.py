@@ -134,17 +134,25 @@ def _samples_of(runs: pd.DataFrame, samples: pd.DataFrame | None) -> pd.DataFram
     return load_samples(runs["run_dir"]) if samples is None else samples
 
 
+def _over_ar(matched: pd.DataFrame, runs: pd.DataFrame, column: str) -> pd.Series:
+    """Each run's ``column`` over its AR partner's (NaN without a partner)."""
+    values = pd.to_numeric(runs.set_index("run_dir")[column])
+    return pd.to_numeric(matched[column]) / matched["ar_run_dir"].map(values)
+
+
 def match_ar(runs: pd.DataFrame, samples: pd.DataFrame | None = None) -> pd.DataFrame:
     """Runs plus ar_run_dir, overhead, n_common, speedup, speedup_mean, exact_match_rate vs AR (NaN: none).
 
     Overhead (Medusa's term) = step latency / the AR run's step latency, so speedup ~ tokens per
-    step / overhead.
+    step / overhead. With the cost model's columns (``metrics.cost_metrics``), also ``modelled_speedup``: the AR
+    run's modelled ms per token over this run's (the speedup the cost model gives this run's own steps).
     """
     partners = _ar_partners(runs)
     pairs = _pair_with(_samples_of(runs, samples), partners)
-    ar_step = runs.set_index("run_dir")["step_latency_s"]
     matched = runs.assign(ar_run_dir=runs["run_dir"].map(partners))
-    matched = matched.assign(overhead=matched["step_latency_s"] / matched["ar_run_dir"].map(ar_step))
+    matched = matched.assign(overhead=_over_ar(matched, runs, "step_latency_s"))
+    if "modelled_ms_per_token" in runs:
+        matched = matched.assign(modelled_speedup=1 / _over_ar(matched, runs, "modelled_ms_per_token"))
     matched = matched.merge(_agreement(pairs), left_on="run_dir", right_index=True, how="left")
     return matched.fillna({"n_common": 0}).astype({"n_common": int})
 

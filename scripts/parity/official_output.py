@@ -1,0 +1,45 @@
+"""What every official-side parity script ends with: the greedy reference of each prompt and the JSON line the
+driver reads. Imported by its siblings (they run as scripts, so this folder is on their path), in their side env."""
+
+from __future__ import annotations
+
+import json
+import platform
+
+
+def greedy_generate(model, ids: list[int], budget: int, eos_ids: list[int]):
+    """One greedy ``generate`` call on one unpadded prompt: the sequence it returns (prompt included)."""
+    import torch
+
+    inputs = torch.tensor([ids])
+    return model.generate(
+        inputs,
+        attention_mask=torch.ones_like(inputs),
+        max_new_tokens=budget,
+        do_sample=False,
+        eos_token_id=eos_ids,
+        pad_token_id=eos_ids[0],
+    )
+
+
+def greedy_references(model, job: dict) -> dict[str, list[int]]:
+    """Each prompt's greedy new tokens from ``model`` (the AR reference both sides' outputs are compared with)."""
+    return {
+        prompt["id"]: greedy_generate(model, prompt["ids"], job["max_new_tokens"], job["eos_ids"])[
+            0, len(prompt["ids"]) :
+        ].tolist()
+        for prompt in job["prompts"]
+    }
+
+
+def print_output(patches: list[str], records: list[dict], ar: dict[str, list[int]]) -> None:
+    """The one JSON line on stdout: the side env's versions, the run-time patches, the traced steps, the references."""
+    import torch
+    import transformers
+
+    versions = {
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+    print(json.dumps({"versions": versions, "patches": patches, "records": records, "ar": ar}))

@@ -157,6 +157,17 @@ def test_rate_intervals_bracket_each_runs_totals_and_vanish_for_one_sample():
     assert math.isnan(stepless.loc["one", "tokens_per_step_ci_low"])
 
 
+def test_a_runs_bootstrap_interval_depends_on_its_own_samples_only():
+    """Adding or leaving out another run does not move a run's interval (one generator per run, not one shared)."""
+    runs, samples = read.load([RUNS])
+    pairs = compare.paired_samples(runs, samples)
+    kept = sorted(pairs["run_dir"].unique())[-1]
+    alone = compare.speedup_statistics(pairs[pairs["run_dir"] == kept])
+    assert alone.loc[kept].equals(compare.speedup_statistics(pairs).loc[kept])
+    own = samples[samples["run_dir"] == kept]
+    assert compare.rate_intervals(own).loc[kept].equals(compare.rate_intervals(samples).loc[kept])
+
+
 def test_exact_match_rate_and_first_divergence():
     """s1 diverges from AR at token 2; s0 and s2 match; s3 is not compared."""
     runs, samples = read.load([RUNS])

@@ -172,8 +172,8 @@ def divergences(runs: pd.DataFrame, samples: pd.DataFrame | None = None) -> pd.D
 def speedup_statistics(pairs: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
     """Per run: mean of per-sample speedups and a 95 % bootstrap interval of the total/total speedup."""
     rows = {}
-    rng = np.random.default_rng(seed)
     for run_dir, group in pairs.groupby("run_dir"):
+        rng = np.random.default_rng(seed)  # per run: its interval depends on its own samples only
         tokens, wall = group["new_tokens"].to_numpy(float), group["wall_s"].to_numpy(float)
         ar_tokens, ar_wall = group["ar_new_tokens"].to_numpy(float), group["ar_wall_s"].to_numpy(float)
         per_sample = (tokens / wall) / (ar_tokens / ar_wall)
@@ -192,10 +192,10 @@ def speedup_statistics(pairs: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
 def rate_intervals(samples: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
     """Per run: a 95 % bootstrap interval over its samples of each total/total metric (``ratio_parts``: throughput,
     tokens per step), as ``<metric>_ci_low`` / ``<metric>_ci_high``, so a single run's point gets an interval."""
-    rng = np.random.default_rng(seed)
     columns = [f"{metric}_ci_{side}" for metric in RATIO_METRICS for side in ("low", "high")]
     rows = {}
     for run_dir, group in samples.groupby("run_dir"):
+        rng = np.random.default_rng(seed)  # per run: its interval depends on its own samples only
         parts = [ratio_parts(record) for record in group.to_dict("records")]
         draws = rng.integers(len(parts), size=(BOOTSTRAP_SAMPLES, len(parts)))  # [B, n] resampled indices
         row = {}

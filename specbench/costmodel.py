@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -95,6 +96,26 @@ class StepCosts:
     tokens_per_step: float  # tau: tokens emitted per step (bonus included)
     verify_ms: float  # mean over steps of T(k_s) from the latency curve
     overhead_ms: float  # mean over steps of the measured time outside the verify forward
+    forwards: Mapping[str, int] = field(default_factory=dict, compare=False)  # steps by forward shape (shape_key)
+
+
+def shape_key(rows: int, chain: bool) -> str:
+    """A verify forward's shape as ``forwards`` counts it: its rows, ``t`` appended when it takes the tree mask."""
+    return f"{rows}" if chain else f"{rows}t"
+
+
+def shape_ms(key: str, curve: LatencyCurve) -> float:
+    """T(k) of a forward of shape ``key`` (``shape_key``) on ``curve``."""
+    return curve.at(int(key.removesuffix("t")), chain=not key.endswith("t"))
+
+
+def repriced(costs: StepCosts, curve: LatencyCurve, overhead_ms: float) -> StepCosts:
+    """The same steps on another latency curve (another device, dtype or context) with another overhead per step:
+    what the calibration would have priced there, had acceptance been the same."""
+    if sum(costs.forwards.values()) != costs.steps:
+        raise ValueError("these costs carry no forward shapes (priced before shapes were recorded): cannot reprice")
+    verify_ms = sum(count * shape_ms(key, curve) for key, count in costs.forwards.items()) / costs.steps
+    return replace(costs, verify_ms=verify_ms, overhead_ms=overhead_ms)
 
 
 def step_costs(
@@ -114,8 +135,8 @@ def step_costs(
     """
     if not accept_lengths:
         raise ValueError("no decoding steps to price (every generation stopped at its first token)")
-    verify = [
-        curve.at(rows, chain=rows == drafted + 1 and (depth is None or depth == drafted))
+    shapes = [
+        shape_key(rows, chain=rows == drafted + 1 and (depth is None or depth == drafted))
         for drafted, depth, rows in (
             (drafted, depth, drafted + 1 if width is None else width)
             for drafted, depth, width in zip(draft_tokens, draft_depth, verify_tokens, strict=True)
@@ -124,8 +145,9 @@ def step_costs(
     return StepCosts(
         len(accept_lengths),
         float(np.mean(accept_lengths)),
-        float(np.mean(verify)),
+        float(np.mean([shape_ms(key, curve) for key in shapes])),
         1e3 * float(np.mean(outside_s)),
+        dict(sorted(Counter(shapes).items())),
     )
 
 

@@ -21,6 +21,7 @@ from specbench.data.base import build_dataset
 from specbench.engines import check_method
 from specbench.errors import ConfigError
 from specbench.profile import cached_curves, curve_folder
+from specbench.report.__main__ import main as report_main
 from specbench.report.read import load
 from specbench.report.view import report_table
 from specbench.runner import Runner, config_digest
@@ -134,6 +135,11 @@ def test_auto_budget_calibrates_records_its_evidence_and_resumes(tmp_path, train
     ms_per_token = runs["modelled_ms_per_token"]
     assert cost.loc["pld", "modelled_speedup"] == pytest.approx(ms_per_token["ar"] / ms_per_token["pld"])
     assert cost.loc["ar", "modelled_speedup"] == pytest.approx(1.0)
+    assert set(stored["ar"]["forwards"]) == {"1"} and sum(stored["ar"]["forwards"].values()) == stored["ar"]["steps"]
+
+    report_main([str(tmp_path), "--view", "cost", "--reprice", str(auto / "budget.json")])
+    repriced = capsys.readouterr().out.split("ideal_choice_there")[1]
+    assert "drafter.num_pred_tokens" in repriced and "auto" in repriced
 
 
 def test_a_stale_cached_curve_is_measured_again(tmp_path, training_cache, capsys):

@@ -14,6 +14,7 @@ from specbench.costmodel import (
     modelled_ms_per_token,
     nearest_curve,
     predicted_speedup,
+    repriced,
     step_costs,
 )
 
@@ -88,6 +89,19 @@ def test_steps_are_priced_with_the_mask_their_tree_takes():
     assert costs == StepCosts(2, 3.0, (20.0 + 30.0) / 2, pytest.approx(2.0))
     with pytest.raises(ValueError, match="no decoding steps"):
         step_costs([], [], [], [], [], c)
+
+
+def test_steps_keep_their_forward_shapes_and_reprice_on_another_curve():
+    here = LatencyCurve(128, (1, 2, 4), (10.0, 12.0, 20.0), (10.0, 14.0, 30.0))
+    flat = LatencyCurve(128, (1, 2, 4), (5.0, 5.0, 5.0), (5.0, 5.0, 6.0))
+    costs = step_costs([4, 2, 1], [3, 3, 0], [3, 1, 0], [None, None, None], [0.001, 0.003, 0.002], here)
+    assert costs.forwards == {"1": 1, "4": 1, "4t": 1}
+    there = repriced(costs, flat, overhead_ms=0.5)
+    assert there.verify_ms == pytest.approx((5.0 + 5.0 + 6.0) / 3) and there.overhead_ms == 0.5
+    assert there.tokens_per_step == costs.tokens_per_step and there.steps == costs.steps
+    assert repriced(costs, here, costs.overhead_ms).verify_ms == pytest.approx(costs.verify_ms)
+    with pytest.raises(ValueError, match="no forward shapes"):
+        repriced(StepCosts(3, 2.0, 10.0, 0.0), flat, 0.0)
 
 
 def test_steps_are_priced_at_the_rows_their_forward_held():

@@ -1,6 +1,6 @@
 """``python -m specbench.report RUN_DIR [RUN_DIR...] [--csv OUT.csv] [--divergences] [--by category]
-[--merge-repeats] [--view runs|steps|latency|cost|acceptance] [--plot OUT.png] [--quality]``: the report table of
-stored runs, with speedup against AR."""
+[--merge-repeats] [--view runs|steps|latency|cost|acceptance] [--plot OUT.png] [--quality] [--reprice CURVE]``:
+the report table of stored runs, with speedup against AR."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ from pathlib import Path
 
 from specbench.cli import ArgumentParser, user_errors
 from specbench.errors import StorageError
+from specbench.report.budgets import curves_in, reprice_table
 from specbench.report.compare import divergences, provenance_warning
 from specbench.report.plot import save_acceptance_figure
 from specbench.report.quality import quality_table
 from specbench.report.read import load
-from specbench.report.view import VIEWS, divergence_text, format_table, quality_text, report_table
+from specbench.report.view import VIEWS, divergence_text, format_table, quality_text, report_table, reprice_text
 
 
 def _parser() -> ArgumentParser:
@@ -47,6 +48,12 @@ def _parser() -> ArgumentParser:
         action="store_true",
         help="also score each run's outputs with its dataset's quality metric (pass@1, answer accuracy, ROUGE) "
         "beside its AR baseline's, with a 95 %% interval of the difference",
+    )
+    parser.add_argument(
+        "--reprice",
+        metavar="CURVE",
+        help="also the budget=auto runs' calibrations priced on another latency curve (a profile CSV, a cached "
+        "curve or a budget.json): the budget each would choose there by ideal speedup, beside here",
     )
     parser.add_argument(
         "--plot", metavar="OUT.png", help="with --view acceptance: also draw the acceptance by depth of each run"
@@ -93,6 +100,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         print()
         with user_errors(argv):
             print(quality_text(quality_table(runs, samples)))
+    if args.reprice:
+        print()
+        with user_errors(argv):
+            print(reprice_text(reprice_table(runs, curves_in(Path(args.reprice)))))
 
 
 if __name__ == "__main__":

@@ -203,6 +203,13 @@ def quality_text(quality: pd.DataFrame) -> str:
     return format_table(quality)
 
 
+def reprice_text(repriced: pd.DataFrame) -> str:
+    """The re-priced budget table, or a line saying that no run's calibration can be re-priced."""
+    if repriced.empty:
+        return "no budget=auto run whose calibration recorded its forward shapes (runs before they were recorded)"
+    return format_table(repriced)
+
+
 def divergence_text(compared: pd.DataFrame) -> str:
     """The first-divergence table of the samples that differ from AR, or a line saying none do."""
     differing = compared[~compared["exact_match"]]

@@ -7,7 +7,9 @@
 # Phases, in this order, each capped in seconds (GPU_CHECK_<PHASE>_SECONDS; a cut phase keeps what it wrote):
 #   environment  DIR/environment.txt: nvidia-smi, torch/CUDA/transformers versions.
 #   profile      DIR/profile/ (+ profile.log): one-forward latency of the model by new tokens per pass, contexts
-#                256 and 1024 (~1 min; it shows at once that the 7B model builds and runs).
+#                256 and 1024 (~1 min; it shows at once that the 7B model builds and runs); then reprice.log: the
+#                newest stored CPU hardware_aware session's calibrations priced on this curve (report --reprice:
+#                the budgets the same acceptance would get on this GPU, beside the CPU's).
 #   bench        DIR/all_methods/<session>/ (+ bench.log): conf/bench/all_methods.yaml, every method on the random
 #                Llama-2-7B-shaped model in float16, GPU_CHECK_LIMIT prompts, step breakdown on; read it with
 #                python -m specbench.report. If the suite stops on an error (not the cap), the model-free entries
@@ -165,6 +167,12 @@ main() {
     phase "$PROFILE_SECONDS" "$logs/profile.log" "$PYTHON" -m specbench.profile model=llama2_7b_random device=cuda \
       "dtype=$DTYPE" 'context_lengths=[256,1024]' 'num_tokens=[1,2,4,8,16,32,64,128]' repeats=5 warmup=2 \
       "output_dir=$out/profile" || true
+    local cpu_session curve="$out/profile/latency_cuda_$DTYPE.csv"
+    cpu_session="$(ls -d results/bench/hardware_aware/*/ 2>/dev/null | tail -1)"
+    if [[ -n "$cpu_session" && -f "$curve" ]]; then
+      "$PYTHON" -m specbench.report "$cpu_session" --merge-repeats --view cost --reprice "$curve" \
+        2>&1 | tee "$logs/reprice.log" || true
+    fi
     pack "$out" "$flat" profile
   fi
   # step_breakdown=true: the per-step overhead share needs the phase times (one sync per phase end;

@@ -194,6 +194,12 @@ BAD_INPUT = [
         argv=("/nonexistent",),
     ),
     Case(
+        "`python -m specbench.report DIR --reprice missing.csv`",
+        "error: --reprice missing.csv: no such file (give a profile CSV, a cached curve or a budget.json)",
+        command="report",
+        argv=("runs", "--reprice", "missing.csv"),
+    ),
+    Case(
         "`python -m specbench.report DIR`, a torn `summary.json` in DIR",
         "summary.json is not valid JSON",
         command="report",

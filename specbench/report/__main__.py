@@ -79,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.quality and args.merge_repeats:
         parser.error("--quality scores single runs: leave out --merge-repeats")
     with user_errors(argv):
+        curves = curves_in(Path(args.reprice)) if args.reprice else []
         runs, samples = load(args.paths, args.by, args.merge_repeats)
     report = report_table(runs, samples, args.view)
     warning = provenance_warning(runs)
@@ -103,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.reprice:
         print()
         with user_errors(argv):
-            print(reprice_text(reprice_table(runs, curves_in(Path(args.reprice)))))
+            print(reprice_text(reprice_table(runs, curves)))
 
 
 if __name__ == "__main__":

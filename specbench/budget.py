@@ -28,7 +28,7 @@ from specbench.costmodel import LatencyCurve, StepCosts, choose_budget, ideal_sp
 from specbench.data.base import Dataset, Sample
 from specbench.engines import build_engine
 from specbench.models.loading import LoadedModel
-from specbench.profile import cached_curve, context_bucket, curve_path
+from specbench.profile import cached_curve, context_bucket, stored_curve
 
 KNOB_NODE = "budget_knob"
 """The method config node that names the size knob (``key``, relative to the method node) and its ``grid``."""
@@ -230,7 +230,7 @@ def calibrate(
         bar.update()
     mean_prompt = sum(map(len, prompts)) / len(prompts)
     bucket = context_bucket(mean_prompt + max_new_tokens / 2)
-    fresh = bool(settings.remeasure) or not curve_path(lm, device, bucket).is_file()
+    fresh = bool(settings.remeasure) or stored_curve(lm, device, bucket) is None
     curve = cached_curve(lm, device, bucket, bool(settings.remeasure))
     check = CurveCheck(forward_ms(ar_runs), curve.step_ms, remeasured=fresh)
     if check.stale:

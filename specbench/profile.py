@@ -247,8 +247,10 @@ def write_csv(rows: list[dict], path: Path) -> None:
         writer.writerows(rows)
 
 
-CURVE_TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
-"""New tokens per forward a cached curve measures: dense where budgets are chosen, to 128 (LADE's 15 x 5 window)."""
+CURVE_TOKENS = (*range(1, 17), 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128)
+"""New tokens per forward a cached curve measures: every count to 16, where budgets are chosen (a CPU's matrix
+product is not smooth in the row count: 11 rows cost more than 12 on the embedded model, docs/measuring.md), then
+sparser to 128 (LADE's 15 x 5 window)."""
 CURVE_REPEATS, CURVE_WARMUP = 5, 2
 
 
@@ -279,12 +281,20 @@ def curve_path(lm: LoadedModel, device: torch.device, context_length: int) -> Pa
     return curve_folder(lm.name, device, lm.model.dtype) / f"c{context_length}.json"
 
 
-def cached_curve(lm: LoadedModel, device: torch.device, context_length: int, remeasure: bool = False) -> LatencyCurve:
-    """The latency curve of ``lm`` at ``context_length`` cached tokens: read from the cache, else measured (a few
-    hundred forwards, round-robin over the cells) and cached with when and where it was measured."""
+def stored_curve(lm: LoadedModel, device: torch.device, context_length: int) -> LatencyCurve | None:
+    """The cached curve of ``lm`` at ``context_length``, or None when there is none or it was measured at other token
+    counts than ``CURVE_TOKENS`` (an older release's grid: measured again)."""
     path = curve_path(lm, device, context_length)
-    if path.is_file() and not remeasure:
-        return read_curve(path)
+    cached = read_curve(path) if path.is_file() else None
+    return cached if cached is not None and cached.num_tokens == CURVE_TOKENS else None
+
+
+def cached_curve(lm: LoadedModel, device: torch.device, context_length: int, remeasure: bool = False) -> LatencyCurve:
+    """The latency curve of ``lm`` at ``context_length`` cached tokens: read from the cache (``stored_curve``), else
+    measured (a few hundred forwards, round-robin over the cells) and cached with when and where it was measured."""
+    cached = None if remeasure else stored_curve(lm, device, context_length)
+    if cached is not None:
+        return cached
     rows = profile_latency(
         lm.model,
         [context_length],
@@ -297,6 +307,7 @@ def cached_curve(lm: LoadedModel, device: torch.device, context_length: int, rem
         max_context=lm.context_length,
     )
     curve = curve_from_rows(rows, context_length)
+    path = curve_path(lm, device, context_length)
     path.parent.mkdir(parents=True, exist_ok=True)
     measured = {"curve": curve.to_dict(), "device_name": device_name(device), "measured_at": time.time()}
     write_atomic(path, json.dumps(measured, indent=2) + "\n")

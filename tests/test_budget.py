@@ -17,10 +17,11 @@ from specbench.budget import (
     with_budget,
 )
 from specbench.config import compose_config
+from specbench.costmodel import LatencyCurve
 from specbench.data.base import build_dataset
 from specbench.engines import check_method
 from specbench.errors import ConfigError
-from specbench.profile import cached_curves, curve_folder
+from specbench.profile import CURVE_TOKENS, cached_curves, curve_folder, curve_path, stored_curve
 from specbench.report.__main__ import main as report_main
 from specbench.report.read import load
 from specbench.report.view import report_table
@@ -156,6 +157,22 @@ def test_a_stale_cached_curve_is_measured_again(tmp_path, training_cache, capsys
     assert second["curve_check"]["curve_ms"] == pytest.approx(second["curve"]["chain_ms"][0])
     assert second["curve"]["chain_ms"][0] < cached["curve"]["chain_ms"][0] / 2
     assert "measuring the curve again" in capsys.readouterr().out
+
+
+def test_a_cached_curve_of_another_token_grid_is_not_reused(training_cache):
+    """A curve cached at other token counts than CURVE_TOKENS (an older release's grid) reads as absent."""
+    from types import SimpleNamespace
+
+    import torch
+
+    lm = SimpleNamespace(name="tiny_llama", model=SimpleNamespace(dtype=torch.float32))
+    device = torch.device("cpu")
+    path = curve_path(lm, device, 128)
+    path.parent.mkdir(parents=True)
+    for tokens in ((1, 2, 4), CURVE_TOKENS):
+        curve = LatencyCurve(128, tokens, tuple(map(float, tokens)), tuple(map(float, tokens)))
+        path.write_text(json.dumps({"curve": curve.to_dict()}))
+        assert stored_curve(lm, device, 128) == (curve if tokens == CURVE_TOKENS else None)
 
 
 def test_a_cached_curve_off_the_measured_forwards_is_stale():

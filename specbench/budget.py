@@ -230,9 +230,9 @@ def calibrate(
         bar.update()
     mean_prompt = sum(map(len, prompts)) / len(prompts)
     bucket = context_bucket(mean_prompt + max_new_tokens / 2)
-    fresh = bool(settings.remeasure) or stored_curve(lm, device, bucket) is None
-    curve = cached_curve(lm, device, bucket, bool(settings.remeasure))
-    check = CurveCheck(forward_ms(ar_runs), curve.step_ms, remeasured=fresh)
+    stored = None if settings.remeasure else stored_curve(lm, device, bucket)
+    curve = stored or cached_curve(lm, device, bucket, remeasure=True)
+    check = CurveCheck(forward_ms(ar_runs), curve.step_ms, remeasured=stored is None)
     if check.stale:
         tqdm.write(
             f"budget=auto: the cached latency curve's T(1) is {check.curve_ms:.1f} ms but AR's forwards took "

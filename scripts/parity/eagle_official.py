@@ -22,10 +22,10 @@ tree; the script checks that specbench's tree (``paths``) is the same before it 
 from __future__ import annotations
 
 import json
-import platform
 import sys
 
 from medusa_official import StandInTokenizer  # the same stand-in: the EOS id the loop checks, no text
+from official_output import case_record, print_output
 
 PATCHES = {
     "config": "config: transformers 4.36 does not read the `rope_parameters` dict that the embedded checkpoint's "
@@ -150,7 +150,6 @@ def main(job_path: str) -> int:
     sys.path.insert(0, job["source"])
 
     import torch
-    import transformers
 
     torch.set_grad_enabled(False)
     config = base_config(job["model_dir"])
@@ -163,17 +162,10 @@ def main(job_path: str) -> int:
             check_tree(case)
         model = load_official(job, case, config)
         for prompt in job["prompts"]:
-            record = {"case": case["label"], "id": prompt["id"], **trace(model, prompt["ids"], job["max_new_tokens"])}
-            records.append(record)
-            print(f"[official:{case['label']}] {prompt['id']}: {record['steps']} steps", file=sys.stderr, flush=True)
+            records.append(case_record(case, prompt, trace(model, prompt["ids"], job["max_new_tokens"])))
         del model
     patches = [text for name, text in PATCHES.items() if eagle1 or name != "rope_base"]
-    versions = {
-        "transformers": transformers.__version__,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-    }
-    print(json.dumps({"versions": versions, "patches": patches, "records": records, "ar": ar_outputs(job, config)}))
+    print_output(patches, records, ar_outputs(job, config))
     return 0
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import sys
 
-from official_output import greedy_references, print_output
+from official_output import case_record, greedy_references, print_output
 
 PATCHES = [
     "grouped-query attention: the official `LlamaAttention` sizes k_proj / v_proj with `num_attention_heads` "
@@ -149,9 +149,7 @@ def main(job_path: str) -> int:
             eos_ids=eos_ids, max_node=case["max_node"], max_output_node=case["max_output_node"]
         )
         for prompt in job["prompts"]:
-            record = {"case": case["label"], "id": prompt["id"], **trace(model, prompt["ids"], case, budget, eos_ids)}
-            records.append(record)
-            print(f"[official:{case['label']}] {prompt['id']}: {record['steps']} steps", file=sys.stderr, flush=True)
+            records.append(case_record(case, prompt, trace(model, prompt["ids"], case, budget, eos_ids)))
     del model
     plain = LlamaForCausalLM.from_pretrained(job["model_dir"], config=config, torch_dtype=torch.float32).eval()
     print_output(PATCHES, records, greedy_references(plain, job))

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import sys
 
-from official_output import greedy_references, print_output
+from official_output import case_record, greedy_references, print_output
 
 PATCHES = [
     "config: transformers 4.36 does not read the `rope_parameters` dict that the embedded checkpoint's "
@@ -144,9 +144,7 @@ def main(job_path: str) -> int:
     for case in job["cases"]:
         choices = official_choices(case)
         for prompt in job["prompts"]:
-            record = {"case": case["label"], "id": prompt["id"], **trace(model, prompt["ids"], choices, budget)}
-            records.append(record)
-            print(f"[official:{case['label']}] {prompt['id']}: {record['steps']} steps", file=sys.stderr, flush=True)
+            records.append(case_record(case, prompt, trace(model, prompt["ids"], choices, budget)))
     del model
     plain = LlamaForCausalLM.from_pretrained(job["model_dir"], config=config, torch_dtype=torch.float32).eval()
     print_output(PATCHES, records, greedy_references(plain, job))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import platform
+import sys
 
 
 def greedy_generate(model, ids: list[int], budget: int, eos_ids: list[int]):
@@ -30,6 +31,13 @@ def greedy_references(model, job: dict) -> dict[str, list[int]]:
         ].tolist()
         for prompt in job["prompts"]
     }
+
+
+def case_record(case: dict, prompt: dict, traced: dict) -> dict:
+    """One prompt's traced run under one case, labelled for the driver; its step count goes to stderr as progress."""
+    record = {"case": case["label"], "id": prompt["id"], **traced}
+    print(f"[official:{case['label']}] {prompt['id']}: {record['steps']} steps", file=sys.stderr, flush=True)
+    return record
 
 
 def print_output(patches: list[str], records: list[dict], ar: dict[str, list[int]]) -> None:

@@ -22,7 +22,7 @@ import contextlib
 import json
 import sys
 
-from official_output import greedy_references, print_output
+from official_output import case_record, greedy_references, print_output
 
 PATCHES = [
     "config: transformers 4.41 does not read the `rope_parameters` dict that the checkpoints' config.json "
@@ -165,9 +165,7 @@ def main(job_path: str) -> int:
     records = []
     for case in job["cases"]:
         for prompt in job["prompts"]:
-            record = {"case": case["label"], "id": prompt["id"], **trace(model, prompt["ids"], case, budget)}
-            records.append(record)
-            print(f"[official:{case['label']}] {prompt['id']}: {record['steps']} steps", file=sys.stderr, flush=True)
+            records.append(case_record(case, prompt, trace(model, prompt["ids"], case, budget)))
     del model
     config = patched_config(job["model_dir"])
     plain = LlamaForCausalLM.from_pretrained(job["model_dir"], config=config, torch_dtype=torch.float32).eval()

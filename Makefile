@@ -19,7 +19,7 @@ export SPECBENCH_DATA_DIR ?= $(SHARED)/datasets
 export SPECBENCH_CORPUS_DIR ?= $(SHARED)/corpus/sotu_1946_2026
 
 .PHONY: install lock lock-upgrade check-latest demo test test-fast fuzz lint bench-ar bench-model-free bench-draft bench-medusa bench-eagle bench-quality bench-auto bench-figures bench-all train-draft train-medusa \
-	train-hydra train-eagle train-eagle3 profile report \
+	train-hydra train-eagle train-eagle3 train-vocab profile report \
 	reproduce-tables reproduce-run reproduce-build parity clean
 
 SCALE ?= smoke
@@ -109,7 +109,10 @@ train-eagle: install  ## train the embedded model's EAGLE head once (cached in $
 train-eagle3: install  ## train the embedded model's EAGLE-3 head once (cached in $SPECBENCH_CACHE)
 	$(PY) -m specbench.train eagle3 model=smollm2_135m
 
-bench-auto: install train-draft train-medusa train-eagle  ## every method with a size knob: paper budget vs budget=auto vs AR
+train-vocab: install  ## count the embedded model's answer tokens once: the ranking of method.drafter.draft_vocab
+	$(PY) -m specbench.train vocab model=smollm2_135m
+
+bench-auto: install train-draft train-medusa train-eagle train-vocab  ## every method with a size knob: paper budget vs budget=auto vs AR
 	$(PY) -m specbench.bench hardware_aware
 	$(PY) -m specbench.report $$(ls -d results/bench/hardware_aware/*/ | tail -1) --merge-repeats --view cost
 

@@ -64,6 +64,9 @@ def budget_problems(cfg: DictConfig) -> list[str]:
         return [f"calibration.prompts must be an integer >= 1 (got {prompts!r})"]
     if budget == "auto" and tokens is not None and not is_count(tokens):
         return [f"calibration.max_new_tokens must be null or an integer >= 1 (got {tokens!r})"]
+    margin = calibration.get("margin")
+    if budget == "auto" and (isinstance(margin, bool) or not isinstance(margin, (int, float)) or margin < 0):
+        return [f"calibration.margin must be a number >= 0, a relative gain such as 0.05 (got {margin!r})"]
     if KNOB_NODE not in cfg.method:
         return [
             f"method {cfg.method.name} has no size knob for budget={budget}; methods with one: "
@@ -138,15 +141,17 @@ class Calibration:
     ar: StepCosts
     candidates: dict[int, StepCosts]
     seconds: float
+    margin: float  # the predicted gain over the default below which the default stays
 
     def record(self, key: str, default: int) -> dict:
         """The run's ``budget`` record (summary and budget.json): the choice and its evidence."""
-        chosen = choose_budget(self.candidates, self.ar)
+        chosen = choose_budget(self.candidates, self.ar, default, self.margin)
         return {
             "mode": "auto",
             "key": key,
             "value": chosen,
             "default": default,
+            "margin": self.margin,
             "predicted_speedup": predicted_speedup(self.candidates[chosen], self.ar),
             "candidates": {str(value): self.priced(costs) for value, costs in self.candidates.items()},
             "ar": vars(self.ar),
@@ -252,6 +257,7 @@ def calibrate(
         ar,
         candidates,
         time.perf_counter() - started,
+        settings.margin,
     )
 
 

@@ -166,8 +166,16 @@ def predicted_speedup(costs: StepCosts, ar: StepCosts) -> float:
     return modelled_ms_per_token(ar) / modelled_ms_per_token(costs)
 
 
-def choose_budget(candidates: Mapping[int, StepCosts], ar: StepCosts) -> int:
-    """The budget of the largest predicted speedup (the smaller budget on a tie: cheaper at equal gain)."""
+def choose_budget(
+    candidates: Mapping[int, StepCosts], ar: StepCosts, default: int | None = None, margin: float = 0.0
+) -> int:
+    """The budget of the largest predicted speedup (the smaller budget on a tie: cheaper at equal gain), unless
+    it beats ``default`` by no more than ``margin`` (a relative gain the calibration cannot resolve): then the
+    default stays."""
     if not candidates:
         raise ValueError("no budget to choose from")
-    return max(sorted(candidates), key=lambda budget: predicted_speedup(candidates[budget], ar))
+    best = max(sorted(candidates), key=lambda budget: predicted_speedup(candidates[budget], ar))
+    if default is not None and default in candidates:
+        gain = predicted_speedup(candidates[best], ar) / predicted_speedup(candidates[default], ar) - 1
+        return best if gain > margin else default
+    return best

@@ -60,6 +60,7 @@ def test_lade_window_budget_carries_the_guess_set_size():
         (["method=pld", "budget=true"], "auto or an integer"),
         (["method=ar", "budget=4"], "method ar has no size knob.*pld"),
         (["method=pld", "budget=auto", "calibration.prompts=0"], "calibration.prompts must be an integer >= 1"),
+        (["method=pld", "budget=auto", "calibration.margin=-0.1"], "calibration.margin must be a number >= 0"),
         (["method=pld", "budget=auto", "calibration.max_new_tokens=x"], "max_new_tokens must be an integer or null"),
     ],
 )

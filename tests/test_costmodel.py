@@ -126,6 +126,17 @@ def test_a_flat_latency_curve_picks_the_largest_budget():
     assert choose_budget(candidates_on(FLAT), AR_FLAT) == 32
 
 
+def test_the_default_stays_unless_another_budget_beats_it_by_more_than_the_margin():
+    candidates = candidates_on(FLAT)  # the largest budget is best on a flat curve
+    best, default = predicted_speedup(candidates[32], AR_FLAT), predicted_speedup(candidates[16], AR_FLAT)
+    gain = best / default - 1
+    assert gain > 0
+    assert choose_budget(candidates, AR_FLAT, default=16, margin=gain * 1.01) == 16
+    assert choose_budget(candidates, AR_FLAT, default=16, margin=gain * 0.99) == 32
+    assert choose_budget(candidates, AR_FLAT, default=16) == 32  # no margin: the best predicted
+    assert choose_budget(candidates, AR_FLAT, default=999, margin=10.0) == 32  # a default outside the grid
+
+
 def test_a_linear_latency_curve_picks_a_small_budget():
     assert choose_budget(candidates_on(LINEAR), AR_FLAT) == 1
 

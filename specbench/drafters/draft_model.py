@@ -22,8 +22,10 @@ from specbench.core.drafter import DecodeContext, Drafter, knob_sampling
 from specbench.core.tree import DraftTree
 from specbench.core.verify import compact_cache, new_cache
 from specbench.drafters.tree_fill import pick_children
+from specbench.errors import ConfigError
 from specbench.models.draft import load_draft, vocab_width
 from specbench.models.loading import eos_token_ids
+from specbench.models.vocab import DraftVocabulary, ReducedHead, draft_vocabulary, size_knob
 from specbench.structures.tree_rows import TreeRowMask
 
 
@@ -50,12 +52,24 @@ class DraftLM:
     target's vocabulary width (a smaller draft vocabulary is padded with -inf, a larger one cut).
     """
 
-    def __init__(self, model, target_vocab: int, oov_id: int = 0):
+    def __init__(self, model, target_vocab: int, oov_id: int = 0, vocabulary: DraftVocabulary | None = None):
         self.model = model
         self.draft_vocab = vocab_width(model)
         self.target_vocab = target_vocab
         self.oov_id = oov_id  # fed in place of target ids the draft does not know (CodeLlama's extra ids)
+        self.output = self._reduced_output(vocabulary)  # None: the model's own LM head over its whole vocabulary
         self.reset()
+
+    def _reduced_output(self, vocabulary: DraftVocabulary | None) -> ReducedHead | None:
+        """The draft's LM head restricted to a reduced draft vocabulary (target ids the draft must know)."""
+        if vocabulary is None:
+            return None
+        if int(vocabulary.tokens.max()) >= self.draft_vocab:
+            raise ConfigError(
+                f"method.drafter.draft_vocab: the ranking holds target ids beyond the draft's {self.draft_vocab} "
+                f"tokens; a reduced draft vocabulary needs a draft with the target's tokenizer"
+            )
+        return ReducedHead(self.model.get_output_embeddings().weight, vocabulary.tokens)
 
     def reset(self) -> None:
         """An empty cache for a new generation; counters back to zero."""
@@ -80,10 +94,10 @@ class DraftLM:
     def extend(self, tokens: list[int]) -> torch.Tensor:
         """Feed ``tokens`` causally after the cached ones; logits [vocab] (float32) after the last of them."""
         ids = torch.tensor([self._draft_ids(tokens)], device=self.model.device)  # [1, k]
-        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        logits = self._forward(last_only=True, input_ids=ids, past_key_values=self.cache)  # [1, vocab]
         self._count(len(tokens))
         self.tokens.extend(tokens)
-        return self._target_logits(out.logits[0, -1])
+        return logits[-1]
 
     def tree_layer(self, tokens: list[int], parent_rows: list[int], depth: int) -> torch.Tensor:
         """Feed one layer of a draft tree in one forward; logits [k, vocab] (float32), one row per node.
@@ -94,16 +108,16 @@ class DraftLM:
         k, past = len(tokens), len(self.tokens)
         mask = self._tree_mask.add(parent_rows, past, self.model.dtype)  # [k, cached + k] additive
         device = self.model.device
-        out = self.model(
+        logits = self._forward(
+            last_only=False,
             input_ids=torch.tensor([self._draft_ids(tokens)], device=device),
             position_ids=torch.full((1, k), past - 1 + depth, dtype=torch.long, device=device),
             attention_mask=mask[None, None].to(device),
             past_key_values=self.cache,
-            use_cache=True,
         )
         self._count(k)
         self.tree_tokens.extend(tokens)
-        return self._target_logits(out.logits[0])
+        return logits
 
     def keep_tree_rows(self, rows: list[int]) -> None:
         """End a tree step: keep tree rows ``rows`` (an accepted path, root side first), drop the others."""
@@ -122,6 +136,15 @@ class DraftLM:
         if length < len(self.tokens):
             compact_cache(self.cache, length, [])
             del self.tokens[length:]
+
+    def _forward(self, last_only: bool, **inputs) -> torch.Tensor:
+        """One cached draft forward over a batch of one; float32 logits in the target's width, [k, vocab] (or the
+        last row only, [1, vocab]), from the reduced output layer when there is one."""
+        if self.output is None:
+            kept = {"logits_to_keep": 1} if last_only else {}
+            return self._target_logits(self.model(**inputs, use_cache=True, **kept).logits[0])
+        hidden = self.model.base_model(**inputs, use_cache=True).last_hidden_state[0]  # [k, H]
+        return self._target_logits(self.output(hidden[-1:] if last_only else hidden))
 
     def _drop_tree_state(self) -> None:
         """Forget the current step's tree rows (their KV is gone or kept by the caller)."""
@@ -159,10 +182,19 @@ class DraftModelDrafter(Drafter):
 
     COUNTERS: ClassVar[tuple[str, ...]] = ("steps", "drafted", "accepted_tokens")
 
-    def __init__(self, draft=None, target_name: str = "target", temperature: float = 0.0, top_p: float = 1.0):
+    def __init__(
+        self,
+        draft=None,
+        target_name: str = "target",
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        draft_vocab: int | None = None,
+    ):
         super().__init__()
         self.draft_cfg = draft
         self.target_name = target_name
+        self.draft_vocab = size_knob(draft_vocab)
+        self.vocabulary: DraftVocabulary | None = None
         self.sampling = knob_sampling(temperature, top_p)
         self.sample_drafts = not self.sampling.greedy  # False: top-k drafts (deterministic) at any temperature
         self.lm: DraftLM | None = None
@@ -171,10 +203,12 @@ class DraftModelDrafter(Drafter):
         self.eos_ids: frozenset[int] = frozenset()
 
     def setup(self, target, tokenizer) -> None:
-        """Load the draft model beside the target."""
+        """Load the draft model beside the target (its LM head restricted to the ``draft_vocab`` most frequent
+        target tokens when that is set)."""
         loaded = load_draft(self.draft_cfg, self.target_name, target, tokenizer)
         oov = getattr(loaded.tokenizer, "unk_token_id", None)
-        self.lm = DraftLM(loaded.model, vocab_width(target), oov if oov is not None else 0)
+        self.vocabulary = draft_vocabulary(self.draft_vocab, self.target_name, vocab_width(target))
+        self.lm = DraftLM(loaded.model, vocab_width(target), oov if oov is not None else 0, self.vocabulary)
         self.draft_path = loaded.path
         self.draft_part = loaded.part
         self.eos_ids = eos_token_ids(target, tokenizer)
@@ -208,8 +242,8 @@ class DraftModelDrafter(Drafter):
         return pick_children(logits, k, self.sampling if self.sample_drafts else None, generator)
 
     def artefacts(self) -> list[str]:
-        """The draft model (its weights digest when distilled here)."""
-        return [self.draft_part]
+        """The draft model (its weights digest when distilled here) and any reduced draft vocabulary."""
+        return [self.draft_part] + ([self.vocabulary.part] if self.vocabulary else [])
 
     def stats(self) -> dict:
         """Draft model, forwards, drafted/accepted tokens of the latest generation."""

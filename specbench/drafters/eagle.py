@@ -44,6 +44,7 @@ from specbench.drafters.tree_fill import fill_shape
 from specbench.errors import ConfigError
 from specbench.models.eagle3_heads import Eagle3Head, load_eagle3
 from specbench.models.eagle_heads import EagleHead, load_head
+from specbench.models.vocab import DraftVocabulary, ReducedHead, draft_vocabulary, size_knob
 from specbench.structures.tree_builders import ExpandRerankBuilder, OptTreeBuilder
 from specbench.structures.tree_rows import TreeRowMask
 from specbench.structures.tree_shapes import PUBLISHED_TREES, fixed_shape
@@ -141,10 +142,19 @@ class EagleDrafter(Drafter):
     hidden_layers: tuple[int, ...] = (-1,)  # the last hidden states (after the final norm)
     COUNTERS = ("steps", "drafted", "accepted_tokens", "depth_sum")
 
-    def __init__(self, head=None, target_name: str = "target", temperature: float = 0.0, top_p: float = 1.0):
+    def __init__(
+        self,
+        head=None,
+        target_name: str = "target",
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        draft_vocab: int | None = None,
+    ):
         super().__init__()
         self.head_cfg = head
         self.target_name = target_name
+        self.draft_vocab = size_knob(draft_vocab)
+        self.vocabulary: DraftVocabulary | None = None
         self.sampling = knob_sampling(temperature, top_p)
         self.loaded_head: HeadCache | None = None
         self.origin = ""
@@ -153,10 +163,18 @@ class EagleDrafter(Drafter):
         self.reached: list[int] = []  # steps whose accepted path reached depth d + 1
 
     def setup(self, target, tokenizer) -> None:
-        """Load the head for this target (the model config's ``eagle:`` node)."""
+        """Load the head for this target (the model config's ``eagle:`` node) and its output layer: the target's
+        LM head, restricted to the ``draft_vocab`` most frequent tokens when that is set."""
         loaded = load_head(self.head_cfg, target, self.target_name)
-        self.loaded_head = HeadCache(loaded.head, target.get_output_embeddings())
+        lm_head = target.get_output_embeddings()
+        self.vocabulary = draft_vocabulary(self.draft_vocab, self.target_name, lm_head.weight.shape[0])
+        to_logits = ReducedHead(lm_head.weight, self.vocabulary.tokens) if self.vocabulary else lm_head
+        self.loaded_head = HeadCache(loaded.head, to_logits)
         self.origin, self.trained_top1 = loaded.origin, loaded.top1_by_depth
+
+    def artefacts(self) -> list[str]:
+        """The reduced draft vocabulary, when one is used (its ranking's digest and size)."""
+        return [self.vocabulary.part] if self.vocabulary else []
 
     @property
     def draft(self) -> HeadCache:
@@ -247,7 +265,7 @@ class Eagle(EagleDrafter):
         """Load the head; refuse shapes that want more children per node than the vocabulary has."""
         super().setup(target, tokenizer)
         widest = max(len(kids) for kids in self.shape.children())
-        vocab = target.get_output_embeddings().weight.shape[0]
+        vocab = len(self.vocabulary.tokens) if self.vocabulary else target.get_output_embeddings().weight.shape[0]
         if widest > vocab:
             raise ConfigError(
                 f"the tree shape gives a node {widest} children but the vocabulary has only {vocab} tokens"
@@ -375,6 +393,11 @@ class Eagle3(Eagle2):
 
     def setup(self, target, tokenizer) -> None:
         """Load the head (the model config's ``eagle3:`` node) and ask the loop for the layers it fuses."""
+        if self.draft_vocab is not None:
+            raise ConfigError(
+                "method.drafter.draft_vocab does not apply to EAGLE-3: its head has its own draft vocabulary "
+                "(python -m specbench.train eagle3 head.draft_vocab_size=N); drop the override"
+            )
         loaded = load_eagle3(self.head_cfg, target, self.target_name)
         self.hidden_layers = loaded.layers
         self.loaded_head = HeadCache(loaded.head, loaded.head.target_logits)

@@ -22,6 +22,7 @@ from specbench.core.tree import DraftTree
 from specbench.core.verify import VerifyOutput
 from specbench.errors import ConfigError
 from specbench.models.medusa_heads import MedusaHeads, load_heads
+from specbench.models.vocab import DraftVocabulary, draft_vocabulary, size_knob
 from specbench.structures.medusa_tree import TreeLayout, expected_accepted, tree_paths
 
 
@@ -33,11 +34,15 @@ class Medusa(Drafter):
 
     FIRST_STEPS = ("tree", "root")
 
-    def __init__(self, heads=None, target_name: str = "", tree=None, first_step: str = "tree"):
+    def __init__(
+        self, heads=None, target_name: str = "", tree=None, first_step: str = "tree", draft_vocab: int | None = None
+    ):
         super().__init__()
         if first_step not in self.FIRST_STEPS:
             raise ConfigError(f"method.drafter.first_step must be one of {list(self.FIRST_STEPS)}, got {first_step!r}")
         self.first_step = first_step
+        self.draft_vocab = size_knob(draft_vocab)
+        self.vocabulary: DraftVocabulary | None = None
         self.heads_cfg = heads
         self.target_name = target_name
         self.tree_cfg = tree or {}
@@ -48,9 +53,13 @@ class Medusa(Drafter):
         self.reset([])
 
     def setup(self, target, tokenizer) -> None:
-        """Load the heads for this target and fix the tree (calibration table -> sparse tree)."""
+        """Load the heads for this target (restricted to the ``draft_vocab`` most frequent tokens when that is set)
+        and fix the tree (calibration table -> sparse tree)."""
         loaded = load_heads(self.heads_cfg, target, self.target_name)
         self.heads, self.origin, self.part = loaded.heads, loaded.origin, loaded.part
+        self.vocabulary = draft_vocabulary(self.draft_vocab, self.target_name, loaded.heads.vocab_size)
+        if self.vocabulary:
+            loaded.heads.restrict_vocabulary(self.vocabulary.tokens)
         paths, self.tree_source = tree_paths(
             self.tree_cfg, loaded.rank_accuracy, loaded.heads.num_heads, (self.heads_cfg or {}).get("tree")
         )
@@ -113,8 +122,8 @@ class Medusa(Drafter):
         self.pending = waiting
 
     def artefacts(self) -> list[str]:
-        """The Medusa heads (their weights digest when trained here)."""
-        return [self.part] if self.heads is not None else []
+        """The Medusa heads (their weights digest when trained here) and any reduced draft vocabulary."""
+        return ([self.part] if self.heads is not None else []) + ([self.vocabulary.part] if self.vocabulary else [])
 
     def stats(self) -> dict:
         """Tree shape, acceptance by depth, each head's online top-1 accuracy, the heads' time (heads_s)."""

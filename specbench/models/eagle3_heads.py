@@ -25,7 +25,6 @@ target's input embeddings are used, shared). Keys are checked strictly.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -50,6 +49,7 @@ from specbench.models.eagle_heads import (
     trained_accuracy,
 )
 from specbench.models.medusa_heads import CheckpointFiles, cached_then_hub, head_source, trained_part
+from specbench.models.vocab import place_in_vocab
 from specbench.paths import cache_root
 
 if TYPE_CHECKING:
@@ -178,10 +178,7 @@ class Eagle3Head(FeatureHead):
         """Draft logits placed in the target vocabulary [k, vocab] (float32; -inf where the draft vocabulary has
         no token), so tree builders rank target ids directly."""
         logits = self.draft_logits(hidden).float()  # [k, draft_vocab]
-        if not self.reduced:
-            return logits
-        full = logits.new_full((logits.shape[0], self.config.vocab_size), -math.inf)
-        return full.index_copy_(1, self.draft_tokens(), logits)
+        return place_in_vocab(logits, self.draft_tokens(), self.config.vocab_size) if self.reduced else logits
 
 
 @dataclass

@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import torch
 from torch import nn
@@ -31,6 +31,7 @@ from torch import nn
 from specbench.errors import ConfigError, ModelUnavailable
 from specbench.hub import hub_reachable
 from specbench.manifest import TRAINING_FILE, finished_manifest, part_name, save_trained_heads
+from specbench.models.vocab import ReducedHead
 from specbench.paths import cache_root
 
 if TYPE_CHECKING:
@@ -79,6 +80,7 @@ class MedusaHeads(nn.Module):
         self.heads = nn.ModuleList(self._head(lm_head is None) for _ in range(num_heads))
         # NOTE: a tuple keeps the target's LM head out of this module's parameters and state dict.
         self._shared = (lm_head,) if lm_head is not None else None
+        self._reduced: list[ReducedHead] | None = None  # output layers over a reduced draft vocabulary
 
     def _head(self, own_output: bool) -> nn.Sequential:
         """One head: L residual blocks, then (unless shared) its own output layer."""
@@ -103,10 +105,30 @@ class MedusaHeads(nn.Module):
         """Load tensors in the published layout (strict: every key must fit)."""
         self.heads.load_state_dict(state, strict=True, assign=assign)
 
+    def restrict_vocabulary(self, tokens: torch.Tensor) -> None:
+        """Score only ``tokens`` (sorted target ids) from now on: every output layer keeps just their rows."""
+        layers = (
+            [self._shared[0]] if self._shared is not None else [self._head_part(k)[-1] for k in range(self.num_heads)]
+        )
+        self._reduced = [ReducedHead(cast(torch.Tensor, layer.weight), tokens) for layer in layers]
+
+    def _head_part(self, k: int) -> nn.Sequential:
+        """Head ``k`` as built: its residual blocks, then (unless shared) its output layer."""
+        head = self.heads[k]
+        assert isinstance(head, nn.Sequential)  # built by _head
+        return head
+
     def forward(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
-        """Logits of the first ``num_heads`` heads: hidden [..., H] -> [K, ..., V]."""
-        outputs = torch.stack([head(hidden) for head in self.heads[:num_heads]])  # [K, ..., H or V]
-        return self._shared[0](outputs) if self._shared is not None else outputs
+        """Logits of the first ``num_heads`` heads: hidden [..., H] -> [K, ..., V] (-inf outside a reduced
+        vocabulary)."""
+        if self._reduced is None:
+            outputs = torch.stack([head(hidden) for head in self.heads[:num_heads]])  # [K, ..., H or V]
+            return self._shared[0](outputs) if self._shared is not None else outputs
+        count = len(self.heads[:num_heads])
+        blocks = torch.stack([self._head_part(k)[: self.num_layers](hidden) for k in range(count)])  # [K, ..., H]
+        if len(self._reduced) == 1:
+            return self._reduced[0](blocks)
+        return torch.stack([output(block) for output, block in zip(self._reduced, blocks)])
 
 
 @dataclass

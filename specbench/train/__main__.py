@@ -1,4 +1,4 @@
-"""``python -m specbench.train {draft,medusa,eagle,eagle3,hydra} [overrides...]``: train a method's artefacts once."""
+"""``python -m specbench.train {draft,medusa,eagle,eagle3,hydra,vocab} [overrides...]``: build a method's parts once."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ COMMANDS = {
     "eagle": ("specbench.train.eagle", "train an EAGLE draft head on the target's self-distilled answers"),
     "eagle3": ("specbench.train.eagle3", "train an EAGLE-3 head (training-time test) on the self-distilled answers"),
     "hydra": ("specbench.train.hydra", "train Hydra heads (Hydra++ recipe) on the target's self-distilled answers"),
+    "vocab": ("specbench.train.vocab", "count the target's tokens in its answers (method.drafter.draft_vocab)"),
 }
 
 

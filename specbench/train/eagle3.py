@@ -37,6 +37,7 @@ from specbench.files import building
 from specbench.manifest import finished_training
 from specbench.models.eagle3_heads import Eagle3Head, fused_layers, save_head, trained_dir
 from specbench.models.eagle_heads import config_for_target
+from specbench.models.vocab import most_frequent
 from specbench.train.common import OptimizerSettings, TrainerSettings, check_types, head_training_checks
 from specbench.train.eagle import Sequence, accuracy_table, extract_features
 from specbench.train.medusa import autocast, fit, split
@@ -110,11 +111,8 @@ def validate(cfg) -> None:
 
 def draft_vocabulary(sequences: list[Sequence], size: int | None, vocab: int) -> torch.Tensor | None:
     """The ``size`` target tokens most frequent in the training answers (ties by id), sorted; None = all."""
-    if size is None or size >= vocab:
-        return None
     counts = Counter(token for item in sequences for token in item.ids[item.prompt_len :].tolist())
-    ranked = sorted(range(vocab), key=lambda token: (-counts.get(token, 0), token))
-    return torch.tensor(sorted(ranked[:size]))
+    return most_frequent(counts, size, vocab)
 
 
 @dataclass

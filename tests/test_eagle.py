@@ -325,6 +325,41 @@ def test_ties_keep_the_reranked_tree_closed():
     assert all(parent < node for node, parent in enumerate(tree.parents) if node)
 
 
+def build_expand_rerank(table: torch.Tensor, top_k: int, layers: int, budget: int | None) -> ExpandRerankBuilder:
+    """An EAGLE-2 tree whose draft row for a node is ``table[layer, parent token]`` ([layers, vocab, vocab] log q),
+    expanded to ``layers`` layers, or (``budget`` given) only while a deeper node could enter the best ``budget``."""
+    builder = ExpandRerankBuilder(top_k)
+    builder.add_layer(table[0, :1])
+    while builder.depth < layers and (budget is None or builder.can_improve(budget)):
+        builder.add_layer(table[builder.depth, builder.frontier_tokens])
+    return builder
+
+
+@pytest.mark.parametrize("sharpness", [0.3, 1.0, 3.0, 10.0])
+def test_expand_rerank_early_stop_keeps_the_tree(sharpness):
+    """Stopping the expansion once no deeper node can enter the best m - 1 gives the full expansion's tree, never
+    builds more layers for fewer nodes, and stops early on flat drafts."""
+    rng = torch.Generator().manual_seed(int(sharpness * 10))
+    top_k, layers, vocab = 4, 6, 16
+    table = torch.log_softmax(sharpness * torch.randn(layers, vocab, vocab, generator=rng), dim=-1)
+    full = build_expand_rerank(table, top_k, layers, None)
+    built = []
+    for budget in (1, 2, 3, 5, 8, 13, 30):
+        early = build_expand_rerank(table, top_k, layers, budget)
+        assert early.tree(root=7, budget=budget)[0] == full.tree(root=7, budget=budget)[0]
+        built.append(early.depth)
+    assert built[0] == 1 and built == sorted(built)  # one node: the best first-layer one; more nodes, more layers
+    assert built[-1] < layers or sharpness > 1  # flat drafts stop before the last layer even at 30 nodes
+
+
+def test_expand_rerank_early_stop_on_a_uniform_draft():
+    """A uniform draft: every deeper node is worth less than any first-layer one, so a budget the first layer fills
+    builds that layer alone; ties with the frontier stop too (the shallower node wins them)."""
+    uniform = torch.full((3, 8, 8), -math.log(8))
+    assert build_expand_rerank(uniform, 4, 3, budget=4).depth == 1
+    assert build_expand_rerank(uniform, 4, 3, budget=5).depth == 2
+
+
 def test_eagle2_drafter_respects_total_tokens_depth_and_forward_count(tiny):
     drafter = Eagle2(head=RANDOM_HEAD, top_k=3, depth=4, total_tokens=10)
     drafter.setup(tiny, None)

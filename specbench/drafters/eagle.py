@@ -325,14 +325,17 @@ class Eagle2(EagleDrafter):
         super().__init__(**settings)
 
     def draft_tree(self, ctx: DecodeContext, root_feature: torch.Tensor, root_logits: torch.Tensor) -> DraftTree:
-        """Layers 1 .. depth + 1 (each expansion feeds the newest layer's top_k), then the total_tokens - 1 best."""
+        """Layers 1 .. depth + 1 (each expansion feeds the newest layer's top_k), then the total_tokens - 1 best.
+
+        Expansion stops early once no deeper node could be among the total_tokens - 1 best: the same tree,
+        fewer head forwards."""
         layers = min(self.depth + 1, ctx.remaining - 1)  # drafted layers; deeper nodes could never be emitted
         if layers < 1:
             return DraftTree.root_only(ctx.root)
         builder = ExpandRerankBuilder(self.top_k)
         builder.add_layer(torch.log_softmax(root_logits, dim=-1)[None])  # [1, vocab]
         feeder = LayerFeeder(self.draft, root_feature)
-        while builder.depth < layers:
+        while builder.depth < layers and builder.can_improve(self.total_tokens - 1):
             fed = builder.frontier
             logits = feeder.feed(fed, builder.frontier_tokens, [builder.parents[-1][i] for i in fed], builder.depth)
             builder.add_layer(torch.log_softmax(logits, dim=-1))  # [top_k, vocab]

@@ -133,10 +133,8 @@ class ExpandRerankBuilder:
         """Whether a deeper layer could put a node among the ``budget`` most valuable (else expanding further only
         costs draft forwards: the reranked tree is final). Deeper nodes are worth at most the best frontier value
         (log q <= 0 along a path) and lose ties to shallower ones."""
-        every = [value for values in self.values for value in values]
-        if len(every) < budget:
-            return True
-        return self.values[-1][self.frontier[0]] > heapq.nlargest(budget, every)[-1]
+        best = heapq.nlargest(budget, chain.from_iterable(self.values))
+        return len(best) < budget or self.values[-1][self.frontier[0]] > best[-1]
 
     def select(self, budget: int) -> list[tuple[int, int]]:
         """The ``budget`` most valuable candidates as (layer, index) pairs in depth order (parents first)."""

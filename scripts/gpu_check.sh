@@ -50,12 +50,12 @@
 # (no weights: the random model needs only the tokenizer) and the local corpus (SPECBENCH_CORPUS_DIR, for REST's
 # datastore) into build/gpu_check (git-ignored, ~21 MB); carry that folder:
 #   run(command="bash scripts/gpu_check.sh /tmp/gpu_check $OUT", carry=["build/gpu_check"])
-# For the embedded phase, --prepare also puts the embedded model's GGUF, cut into 36 MiB parts, its checksum and the
-# trained Medusa and EAGLE heads of this machine's cache into build/gpu_check_embedded (~116 MiB). A machine that
-# takes 64 MiB a call receives them over consecutive calls to one warm machine (carried ignored paths stay there):
-#   carry=["build/gpu_check_embedded/gguf.part00", "build/gpu_check_embedded/heads/eagle"], then
-#   carry=["build/gpu_check_embedded/gguf.part01", "build/gpu_check_embedded/heads/medusa"], then the run with
-#   carry=["build/gpu_check_embedded/gguf.part02", "build/gpu_check_embedded/SHA256SUMS", "build/gpu_check"].
+# For the embedded phase, --prepare also puts the embedded model's GGUF, cut into 40 MiB parts, its checksum and the
+# trained Medusa and EAGLE heads of this machine's cache into build/gpu_check_embedded (~116 MiB). The device tool
+# takes 64 MiB a call, the repository's .git included (~23 MiB): send the parts over consecutive calls to one warm
+# machine (carried ignored paths stay there), one call each for gguf.part00 and gguf.part01, then gguf.part02 with
+# heads/, then the run with SHA256SUMS and build/gpu_check/wheels:
+#   GPU_CHECK_PHASES=embedded bash scripts/gpu_check.sh /tmp/gpu_check $OUT
 # Multi-GPU machines: add model.device_map=auto to the bench and profile commands (README).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -117,7 +117,7 @@ prepare_embedded() {
   local gguf cache
   gguf=$("$PYTHON" -c 'from specbench.models.embedded import gguf_path; print(gguf_path())')
   cache=$("$PYTHON" -c 'from specbench.paths import cache_root; print(cache_root())')
-  split -b 36M -d "$gguf" "$EMBEDDED/gguf.part"
+  split -b 40M -d "$gguf" "$EMBEDDED/gguf.part"
   (cd "$(dirname "$gguf")" && sha256sum "$(basename "$gguf")") >"$EMBEDDED/SHA256SUMS"
   for part in "${HEADS[@]}"; do
     if [[ -d "$cache/$part/smollm2_135m" ]]; then

@@ -53,7 +53,7 @@
 # For the embedded phase, --prepare also puts the embedded model's GGUF, cut into 40 MiB parts, its checksum and the
 # trained Medusa and EAGLE heads of this machine's cache into build/gpu_check_embedded (~116 MiB). The device tool
 # takes 64 MiB a call, the repository's .git included (~23 MiB): send the parts over consecutive calls to one warm
-# machine (carried ignored paths stay there), one call each for gguf.part00 and gguf.part01, then gguf.part02 with
+# machine (carried ignored paths stay there), one call each for the folders part00 and part01, then part02 with
 # heads/, then the run with SHA256SUMS and build/gpu_check/wheels:
 #   GPU_CHECK_PHASES=embedded bash scripts/gpu_check.sh /tmp/gpu_check $OUT
 # Multi-GPU machines: add model.device_map=auto to the bench and profile commands (README).
@@ -118,6 +118,9 @@ prepare_embedded() {
   gguf=$("$PYTHON" -c 'from specbench.models.embedded import gguf_path; print(gguf_path())')
   cache=$("$PYTHON" -c 'from specbench.paths import cache_root; print(cache_root())')
   split -b 40M -d "$gguf" "$EMBEDDED/gguf.part"
+  for part in "$EMBEDDED"/gguf.part*; do  # each part in a folder of its own, to be carried on its own
+    mkdir "$EMBEDDED/${part##*.}" && mv "$part" "$EMBEDDED/${part##*.}/"
+  done
   (cd "$(dirname "$gguf")" && sha256sum "$(basename "$gguf")") >"$EMBEDDED/SHA256SUMS"
   for part in "${HEADS[@]}"; do
     if [[ -d "$cache/$part/smollm2_135m" ]]; then
@@ -137,7 +140,7 @@ embedded_cache() {
     return 1
   fi
   mkdir -p "$gguf_dir"
-  cat "$EMBEDDED"/gguf.part* >"$gguf_dir/$(cut -d' ' -f3 "$EMBEDDED/SHA256SUMS")"
+  cat "$EMBEDDED"/part*/gguf.part* >"$gguf_dir/$(cut -d' ' -f3 "$EMBEDDED/SHA256SUMS")"
   (cd "$gguf_dir" && sha256sum -c "$EMBEDDED/SHA256SUMS") || return 1
   rm -rf "$cache" && mkdir -p "$cache" && cp -r "$EMBEDDED/heads/." "$cache/"
   SPECBENCH_CACHE="$cache" "$PYTHON" -c 'import sys; from pathlib import Path

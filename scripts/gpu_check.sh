@@ -50,11 +50,11 @@
 # (no weights: the random model needs only the tokenizer) and the local corpus (SPECBENCH_CORPUS_DIR, for REST's
 # datastore) into build/gpu_check (git-ignored, ~21 MB); carry that folder:
 #   run(command="bash scripts/gpu_check.sh /tmp/gpu_check $OUT", carry=["build/gpu_check"])
-# For the embedded phase, --prepare also puts the embedded model's GGUF, cut into 40 MiB parts, its checksum and the
+# For the embedded phase, --prepare also puts the embedded model's GGUF, cut into 32 MiB parts, its checksum and the
 # trained Medusa and EAGLE heads of this machine's cache into build/gpu_check_embedded (~116 MiB). The device tool
 # takes 64 MiB a call, the repository's .git included (~23 MiB): send the parts over consecutive calls to one warm
-# machine (carried ignored paths stay there), one call each for the folders part00 and part01, then part02 with
-# heads/, then the run with SHA256SUMS and build/gpu_check/wheels:
+# machine (carried ignored paths stay there), one call each for the folders part00, part01 and part02 (with
+# heads/medusa), then the run with heads/eagle, SHA256SUMS and build/gpu_check/wheels:
 #   GPU_CHECK_PHASES=embedded bash scripts/gpu_check.sh /tmp/gpu_check $OUT
 # Multi-GPU machines: add model.device_map=auto to the bench and profile commands (README).
 set -euo pipefail
@@ -117,7 +117,7 @@ prepare_embedded() {
   local gguf cache
   gguf=$("$PYTHON" -c 'from specbench.models.embedded import gguf_path; print(gguf_path())')
   cache=$("$PYTHON" -c 'from specbench.paths import cache_root; print(cache_root())')
-  split -b 40M -d "$gguf" "$EMBEDDED/gguf.part"
+  split -b 32M -d "$gguf" "$EMBEDDED/gguf.part"
   for part in "$EMBEDDED"/gguf.part*; do  # each part in a folder of its own, to be carried on its own
     mkdir "$EMBEDDED/${part##*.}" && mv "$part" "$EMBEDDED/${part##*.}/"
   done

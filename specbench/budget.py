@@ -3,15 +3,17 @@
 A method with a size knob names it in its config (``method.budget_knob``: the key under the method node
 and the grid of values ``auto`` compares). ``budget=auto`` runs a short calibration before the timed run:
 AR and every grid value (the method's default included) generate on a few held-out prompts of the
-dataset with the step breakdown on; each setting's steps are priced with the cached latency curve of
-the model on this device (``specbench.profile.cached_curve``) and the value of the largest predicted
-speedup is chosen (``specbench.costmodel``). The choice, its evidence and the curve's digest are stored
-with the run (``budget.json``, the summary's ``budget``), and a resumed run reuses them.
+dataset (a seeded random draw outside the run's samples) with the step breakdown on; each setting's steps
+are priced with the cached latency curve of the model on this device (``specbench.profile.cached_curve``)
+and the value of the largest predicted speedup is chosen (``specbench.costmodel``). The choice, its
+evidence and the curve's digest are stored with the run (``budget.json``, the summary's ``budget``), and a
+resumed run reuses them.
 """
 
 from __future__ import annotations
 
 import copy
+import random
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -98,15 +100,19 @@ def grid(cfg: DictConfig) -> list[int]:
     return sorted({*map(int, cfg.method[KNOB_NODE].grid), default_value(cfg)})
 
 
-def held_out(dataset: Dataset, run_samples: list[Sample], count: int) -> tuple[list[Sample], bool]:
-    """The dataset's last ``count`` samples outside the run's (calibration prompts), and whether the dataset was too
-    small for that so some are run samples too."""
+def held_out(dataset: Dataset, run_samples: list[Sample], count: int, seed: int) -> tuple[list[Sample], bool]:
+    """``count`` calibration prompts drawn at random (seeded) from the dataset's samples outside the run's, and
+    whether the dataset was too small for that so some are run samples too.
+
+    A random draw, not the dataset's last samples: datasets are ordered (HumanEval's late problems repeat less
+    than its early ones), so a fixed end of the file biased every prediction the same way.
+    """
     run_ids = {sample.sample_id for sample in run_samples}
     every = dataset.samples(None)
     outside = [sample for sample in every if sample.sample_id not in run_ids]
-    if len(outside) >= count:
-        return outside[-count:], False
-    return every[-count:], True
+    overlaps = len(outside) < count
+    pool = every if overlaps else outside
+    return random.Random(seed).sample(pool, min(count, len(pool))), overlaps
 
 
 def forward_ms(generations: list[Generation]) -> float:
@@ -218,7 +224,7 @@ def calibrate(
     started = time.perf_counter()
     settings = cfg.calibration
     sampling = Sampling(cfg.temperature, cfg.top_p)
-    samples, overlaps = held_out(dataset, run_samples, settings.prompts)
+    samples, overlaps = held_out(dataset, run_samples, settings.prompts, cfg.seed)
     prompts = [dataset.prompt_ids(lm.tokenizer, sample, []) for sample in samples]
     max_new_tokens = min(settings.max_new_tokens or cfg.max_new_tokens, cfg.max_new_tokens)
     values = grid(cfg)

@@ -87,11 +87,19 @@ def test_the_default_budget_keeps_every_stored_digest(tmp_path):
 
 
 def test_held_out_prompts_avoid_the_runs_samples():
+    """A seeded draw from outside the run: the same seed gives the same prompts, another seed others, and they come
+    from the whole dataset rather than its end."""
     dataset = build_dataset(compose_config("dataset=humaneval").dataset, None)
     every = dataset.samples(None)
-    chosen, overlaps = held_out(dataset, every[:5], 3)
-    assert [s.sample_id for s in chosen] == [s.sample_id for s in every[-3:]] and not overlaps
-    chosen, overlaps = held_out(dataset, every, 2)
+    run_ids = {s.sample_id for s in every[:5]}
+    chosen, overlaps = held_out(dataset, every[:5], 10, seed=0)
+    ids = [s.sample_id for s in chosen]
+    assert len(set(ids)) == 10 and not run_ids & set(ids) and not overlaps
+    assert ids == [s.sample_id for s in held_out(dataset, every[:5], 10, seed=0)[0]]
+    assert ids != [s.sample_id for s in held_out(dataset, every[:5], 10, seed=1)[0]]
+    positions = [every.index(s) for s in chosen]
+    assert min(positions) < len(every) - 10  # not simply the last ten
+    chosen, overlaps = held_out(dataset, every, 2, seed=0)
     assert len(chosen) == 2 and overlaps
 
 

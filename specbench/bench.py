@@ -40,11 +40,11 @@ from specbench.environment import capture, dtype_name
 from specbench.errors import ConfigError, StorageError
 from specbench.files import file_in_the_way, write_atomic
 from specbench.metrics import run_summary
-from specbench.models.loading import LoadedModel, load_model, resolve_device, resolve_dtype
+from specbench.models.loading import LoadedModel, TargetFiles, resolve_device, resolve_dtype
 from specbench.paths import workspace
-from specbench.report.plot import save_acceptance_figure
+from specbench.report.plot import save_acceptance_figure, save_figure
 from specbench.report.view import format_table, table
-from specbench.runner import Runner, validate
+from specbench.runner import Runner, load_target, validate
 from specbench.schema import PHASES, SAMPLE_FIELDS, SCHEMA_VERSION, is_integer, validate_record
 from specbench.settings import type_problems
 
@@ -53,10 +53,16 @@ RESULTS_DIR = workspace() / "results" / "bench"
 
 @dataclass(frozen=True)
 class Entry:
-    """One benchmarked configuration: a label and the Hydra overrides that select it."""
+    """One benchmarked configuration: a label, the Hydra overrides that select it, and its grid values (which a
+    baseline label with placeholders, ``ar b{batch_size}``, is filled with)."""
 
     label: str
     overrides: tuple[str, ...]
+    values: tuple[tuple[str, str], ...] = ()
+
+    def baseline(self, template: str) -> str:
+        """The label of this entry's baseline: ``template`` filled with the entry's grid values."""
+        return template.format(**dict(self.values)) if self.values else template
 
 
 def suite_names() -> list[str]:
@@ -94,8 +100,11 @@ def expand_entries(suite: DictConfig) -> list[Entry]:
         keys = list(grid)
         for values in itertools.product(*(list(grid[key]) for key in keys)):
             setting = dict(zip(keys, values))
-            label = spec.label.format(**{key.split(".")[-1]: value for key, value in setting.items()})
-            entries.append(Entry(label, base + tuple(f"{key}={value}" for key, value in setting.items())))
+            short = {key.split(".")[-1]: str(value) for key, value in setting.items()}
+            label = spec.label.format(**short)
+            entries.append(
+                Entry(label, base + tuple(f"{key}={value}" for key, value in setting.items()), tuple(short.items()))
+            )
     labels = [entry.label for entry in entries]
     duplicates = sorted({label for label in labels if labels.count(label) > 1})
     if duplicates:
@@ -162,7 +171,7 @@ def new_session(out: Path, suite: str, name: str) -> Path:
 def round_runners(
     configs: dict[str, DictConfig],
     entries: list[Entry],
-    lm: LoadedModel,
+    lm: LoadedModel | TargetFiles,
     session: Path,
     suite: str,
     baseline: str,
@@ -175,25 +184,46 @@ def round_runners(
         cfg.output_dir = str(session / entry_folder(entry.label) / f"r{round_index}")
         cfg.repeat = round_index
         cfg.progress = False
-        bench = {"suite": suite, "session": session.name, "entry": entry.label, "baseline": baseline, "index": index}
+        bench = {
+            "suite": suite,
+            "session": session.name,
+            "entry": entry.label,
+            "baseline": entry.baseline(baseline),
+            "index": index,
+        }
         runners[entry.label] = Runner(cfg, lm=lm, bench=bench)
     return runners
 
 
+def batch_phases(runners: dict[str, Runner]) -> list[dict[str, Runner]]:
+    """The round's runners by batch size, smallest first: each size is a phase of its own (its engines started
+    together and closed before the next phase's start), every sample batched alike within it."""
+    sizes = sorted({runner.cfg.batch_size for runner in runners.values()})
+    return [{label: r for label, r in runners.items() if r.cfg.batch_size == size} for size in sizes]
+
+
 def run_round(runners: dict[str, Runner], bar: tqdm, round_index: int) -> None:
-    """Warm up and build every entry's engine, then run every sample through every entry, order rotating."""
+    """Per batch size: warm up and build every entry's engine, then run every batch of samples through every
+    entry, order rotating from batch to batch."""
+    for phase in batch_phases(runners):
+        run_phase(phase, bar, round_index)
+
+
+def run_phase(runners: dict[str, Runner], bar: tqdm, round_index: int) -> None:
+    """Warm up and build every entry's engine, then run every batch through every entry, order rotating."""
     labels = list(runners)
-    samples = next(iter(runners.values())).samples
-    for runner in runners.values():
-        runner.open()
-        runner.start_engine(samples[0] if samples else None)
+    first = next(iter(runners.values()))
+    samples = first.samples
     status = "failed"
     try:
-        for i, sample in enumerate(samples):
+        for runner in runners.values():
+            runner.open()
+            runner.start_engine(samples[0] if samples else None)
+        for i, batch in enumerate(first.batches(samples)):
             shift = (i + round_index) % len(labels)
             for label in labels[shift:] + labels[:shift]:
-                runners[label].run_sample(sample)
-                bar.update()
+                runners[label].run_batch(batch)
+                bar.update(len(batch))
         status = "complete"
     except KeyboardInterrupt:
         status = "interrupted"
@@ -242,7 +272,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def chosen_entries(entries: list[Entry], labels: list[str] | None, baseline: str, suite: str) -> list[Entry]:
-    """The entries ``--entries`` names, and the baseline (all of them without the option)."""
+    """The entries ``--entries`` names, and their baselines (all of them without the option)."""
     if not labels:
         return entries
     unknown = sorted(set(labels) - {entry.label for entry in entries})
@@ -250,7 +280,8 @@ def chosen_entries(entries: list[Entry], labels: list[str] | None, baseline: str
         raise ConfigError(
             f"--entries: {unknown} are not entries of suite {suite!r}; its entries: {[e.label for e in entries]}"
         )
-    return [entry for entry in entries if entry.label in labels or entry.label == baseline]
+    baselines = {entry.baseline(baseline) for entry in entries if entry.label in labels}
+    return [entry for entry in entries if entry.label in labels or entry.label in baselines]
 
 
 def run(args: argparse.Namespace) -> Path:
@@ -263,13 +294,15 @@ def run(args: argparse.Namespace) -> Path:
     first = next(iter(configs.values()))
     device = resolve_device(first.device)
     dtype = resolve_dtype(first.dtype, device)
-    if baseline not in configs:
-        raise ConfigError(f"benchmark suite baseline {baseline!r} is not one of its entries {list(configs)}")
+    missing = sorted({entry.baseline(baseline) for entry in entries} - set(configs))
+    if missing:
+        raise ConfigError(f"benchmark suite baseline(s) {missing} are not among its entries {list(configs)}")
     rounds = args.rounds if args.rounds is not None else suite.get("rounds", 1)
     if not is_integer(rounds) or rounds < 1:
         raise ConfigError(f"--rounds must be an integer >= 1, got {rounds!r}")
     check_out(args.out)
-    lm = load_model(first.model, device, dtype)
+    # one target for every entry: loaded if one runs on specbench's own engines (vLLM loads its own copy)
+    lm = load_target(next((cfg for cfg in configs.values() if cfg.engine.name == "hf"), first), device, dtype)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     session = new_session(args.out, args.suite, f"{lm.name}_{device.type}_{dtype_name(dtype)}_{stamp}")
     bar = None
@@ -291,6 +324,10 @@ def run(args: argparse.Namespace) -> Path:
     cost = table([session], repeats=True, view="cost")
     if cost["ideal_speedup"].notna().any():  # a latency curve is cached for this model and device
         print(format_table(cost))
+    batches = table([session], repeats=True, view="batch")
+    if batches["batch_size"].nunique() > 1:  # a batch-size sweep: its view and its figure
+        print(format_table(batches))
+        save_figure("batch", batches, session / "batch.png", f"{args.suite}: speedup and tokens per step by batch size")
     acceptance = table([session], repeats=True, view="acceptance")
     if not acceptance.empty:
         save_acceptance_figure(acceptance, session / "acceptance.png", f"{args.suite}: acceptance by draft depth")
@@ -498,6 +535,7 @@ def legacy_summary(
         target="",  # the old format recorded no target digest nor parts (the report reads both as unknown)
         artefacts=[],
         budget=None,
+        engine={"name": "hf", "batch_size": 1},
         latency_curves=[],
         converted_from=source,
     )

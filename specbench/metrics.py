@@ -27,12 +27,21 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den else None
 
 
+def machine_seconds(record: dict) -> float:
+    """The record's share of the machine's time: its batch's wall time over the batch's requests (its own wall time
+    when it ran alone, or was written before batches existed). Summed over a run, each batch counts once."""
+    if record.get("batch_size") is None:
+        return record["wall_s"]
+    return record["batch_wall_s"] / record["batch_size"]
+
+
 def ratio_parts(record: dict) -> dict[str, tuple[float, float]]:
     """Each total/total metric's numerator and denominator in one record (the run's value = sum of numerators /
-    sum of denominators): throughput (tokens / seconds) and tokens per step (tokens after the prefill's / verify
-    forwards). ``aggregate`` and the bootstrap intervals of the report both sum these."""
+    sum of denominators): throughput (tokens / the machine's seconds: ``machine_seconds``) and tokens per step
+    (tokens after the prefill's / verify forwards). ``aggregate`` and the bootstrap intervals of the report both
+    sum these."""
     return {
-        "throughput_total": (record["new_tokens"], record["wall_s"]),
+        "throughput_total": (record["new_tokens"], machine_seconds(record)),
         "tokens_per_step": (max(record["new_tokens"] - 1, 0), record["target_forwards"]),
     }
 

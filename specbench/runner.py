@@ -32,12 +32,20 @@ from specbench.data.base import Dataset, Sample, build_dataset
 from specbench.energy import joules_between, open_meter
 from specbench.engines import build_engine, check_method
 from specbench.errors import ConfigError, DataError, RunConflict
-from specbench.metrics import run_summary
-from specbench.models.loading import LoadedModel, load_model, resolve_device, resolve_dtype
+from specbench.metrics import machine_seconds, run_summary
+from specbench.models.loading import (
+    LoadedModel,
+    TargetFiles,
+    describe_target,
+    load_model,
+    resolve_device,
+    resolve_dtype,
+)
 from specbench.profile import cached_curves
 from specbench.schema import PHASES, SCHEMA_VERSION
 from specbench.settings import setting_problems
 from specbench.store import RunStore
+from specbench.vllm_engine import VLLMEngine, counterpart, differences, start_vllm
 
 RUN_ONLY_KEYS = (
     "limit",
@@ -83,6 +91,8 @@ class RunSettings:
     model: NamedConfig
     method: NamedConfig
     dataset: NamedConfig
+    engine: NamedConfig
+    batch_size: int
     limit: int | None
     max_new_tokens: int
     temperature: float
@@ -116,11 +126,38 @@ def validate(cfg: DictConfig) -> None:
     if cfg.step_breakdown not in STEP_BREAKDOWN_SETTINGS:
         problems.append(f"step_breakdown must be true, false or auto (got {cfg.step_breakdown!r})")
     problems += budget_problems(cfg)
+    problems += engine_problems(cfg)
     if problems:
         raise ConfigError("invalid run settings: " + "; ".join(problems))
 
 
-LOCATION_KEYS = ("data_dir", "corpus.files", "model.device_map")
+ENGINE_NAMES = ("hf", "vllm")
+"""The ``engine`` options: specbench's own engines on transformers (the shared loop, HF generate), or vLLM."""
+
+
+def engine_problems(cfg: DictConfig) -> list[str]:
+    """What makes a run's engine, batch size and method not go together."""
+    if cfg.engine.name not in ENGINE_NAMES:
+        return [f"engine must be one of {ENGINE_NAMES} (got {cfg.engine.name!r})"]
+    if cfg.batch_size < 1:
+        return [f"batch_size must be >= 1 (got {cfg.batch_size})"]
+    if cfg.engine.name == "hf":
+        if cfg.batch_size != 1:
+            return [
+                f"batch_size={cfg.batch_size}: specbench's own engines run one request at a time (engine=vllm batches)"
+            ]
+        return []
+    problems = []
+    if cfg.method.engine != "loop":
+        problems.append(f"method {cfg.method.name} runs HF generate (method.engine={cfg.method.engine}), not a drafter")
+    if cfg.get("budget") == "auto":
+        problems.append("budget=auto calibrates on the shared loop; with engine=vllm give budget=N or none")
+    if not problems:
+        counterpart(cfg.method)  # a ConfigError listing the methods vLLM runs
+    return problems
+
+
+LOCATION_KEYS = ("data_dir", "corpus.files", "model.device_map", "engine.python")
 """Keys (matched on their dotted path's end, at any depth) that say where this machine keeps local inputs
 (dataset copies, Self-Draft's corpus text) or places the model's layers, not what a sample's result is;
 left out of the digest so a clone elsewhere (or another GPU layout) resumes the same runs."""
@@ -163,8 +200,17 @@ def config_digest(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> 
             drafter.pop(key)
     for key in METHOD_INPUT_KEYS:
         (identity.get("model") or {}).pop(key, None)
+    if identity["engine"]["name"] == "hf":  # the engines that existed before engine=: digests as before
+        for key in HF_ENGINE_KEYS:
+            identity.pop(key, None)
+        identity["method"].pop("vllm", None)
     identity.update(device=device.type, dtype=str(dtype))
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+HF_ENGINE_KEYS = ("engine", "batch_size")
+"""Top-level keys left out of the digest of runs on specbench's own engines (one request at a time), with the
+method's ``vllm`` node (its counterpart, read by engine=vllm only), so runs stored before engine= keep theirs."""
 
 
 PART_NODES = ("draft", "medusa", "eagle", "eagle3", "hydra", "layer_skip")
@@ -235,7 +281,7 @@ class Runner:
     ``bench`` (suite, session, entry, baseline) is recorded in the summary for the report's pairing.
     """
 
-    def __init__(self, cfg: DictConfig, lm: LoadedModel | None = None, bench: dict | None = None):
+    def __init__(self, cfg: DictConfig, lm: LoadedModel | TargetFiles | None = None, bench: dict | None = None):
         validate(cfg)
         self.budget = given_record(cfg)
         if self.budget is not None:
@@ -300,14 +346,14 @@ class Runner:
         """Load the model unless one was given, then become the folder's writer (lock). Nothing is written before
         the first sample is: a model or drafter that fails to load leaves no folder behind (``_write_config``)."""
         if self.lm is None:
-            self.lm = load_model(self.cfg.model, self.device, self.dtype)
+            self.lm = load_target(self.cfg, self.device, self.dtype)
         self.store.begin()
         if self.cfg.get("budget") == "auto":
             self._choose_budget()
 
     def _choose_budget(self) -> None:
         """budget=auto: calibrate (or reuse the choice this folder stored), then set the method's size knob."""
-        assert self.lm is not None  # loaded by open()
+        assert isinstance(self.lm, LoadedModel)  # loaded by open(); budget=auto runs on specbench's engines only
         record = self.store.read_json(BUDGET_FILE)
         if record is None:
             calibration = calibrate(self.cfg, self.lm, self.device, self.dataset, self.samples)
@@ -327,7 +373,10 @@ class Runner:
         NOTE: the warm-up runs on its own engine, so drafters that learn across requests (tries,
         context caches) start the timed run without the warm-up's output in their memory.
         """
-        assert self.lm is not None  # given, or loaded by open()
+        if self.cfg.engine.name == "vllm":
+            self._start_vllm(first)
+            return
+        assert isinstance(self.lm, LoadedModel)  # given, or loaded by open() (engine=hf)
         if first is not None and self.cfg.warmup:
             with torch.inference_mode():
                 warm_up_verify(self.lm.model)
@@ -341,6 +390,28 @@ class Runner:
         self.engine = build_engine(self.cfg.method, self.lm, self.sampling, self.cfg.step_breakdown)
         self._check_parts(self.engine.artefacts())
 
+    def _start_vllm(self, first: Sample | None) -> None:
+        """Start vLLM and warm it up on ``first`` (its prefix cache emptied after).
+
+        NOTE: vLLM's warmth lives in its process, so its warm-up runs on the measured engine; a counterpart that
+        learns across requests (``vllm.learns_across_requests``: SuffixDecoding's global tree, which vLLM cannot
+        empty) gets no warm-up request rather than the first sample's answer in its memory.
+        """
+        assert self.lm is not None  # given, or loaded by open()
+        for key, (value, same) in differences(self.cfg.method).items():
+            print(
+                f"[specbench] note: method.{key}={value} has no vLLM counterpart; vLLM runs it as {key}={same}",
+                file=sys.stderr,
+            )
+        engine = start_vllm(self.cfg, self.sampling, self.lm.eos_ids, self.lm.context_length)
+        self.engine = engine
+        if first is not None and not counterpart(self.cfg.method).get("learns_across_requests"):
+            prompt_ids = self._prompt(first, [])
+            for _ in range(self.cfg.warmup):
+                engine.generate(prompt_ids, self.cfg.max_new_tokens, sample_generator(self.cfg.seed, first.sample_id))
+            engine.reset_prefix_cache()
+        self._check_parts(engine.artefacts())
+
     def _check_parts(self, parts: list[str]) -> None:
         """Refuse to add samples made with other drafts or heads to a folder's earlier ones (unless forced)."""
         before = (self.store.previous_summary or {}).get("artefacts")
@@ -353,15 +424,26 @@ class Runner:
 
     def run_sample(self, sample: Sample) -> list[dict]:
         """Time every turn of one sample, append its records and refresh the summary; returns the records."""
+        return self.run_batch([sample])
+
+    def run_batch(self, samples: list[Sample]) -> list[dict]:
+        """Time every turn of ``samples``, generated together (a batch; one sample on specbench's own engines),
+        append their records in one write and refresh the summary; returns the records."""
         environment.reset_peak_memory(self.device)
-        records = self._run_sample(sample)
+        records = self._run_batch(samples)
         self._write_config()
         self.store.append(records)
-        peak = environment.peak_memory(self.device)
+        peak = environment.peak_memory(self.device) if self.cfg.engine.name == "hf" else None  # vLLM's own process
         if peak is not None and (self.peak_memory is None or peak["bytes"] > self.peak_memory["bytes"]):
             self.peak_memory = peak
         self.store.write_summary(self.summary("running"))
         return records
+
+    def batches(self, samples: list[Sample]) -> list[list[Sample]]:
+        """``samples`` in the run's batches of ``batch_size`` (in order, so a resumed run batches as the first did:
+        a batch's records are written together)."""
+        size = self.cfg.batch_size
+        return [samples[start : start + size] for start in range(0, len(samples), size)]
 
     def _write_config(self) -> None:
         """Before this writer's first record: the resolved config (and a budget=auto choice not yet stored)."""
@@ -379,23 +461,27 @@ class Runner:
             if self.store.lock.held and self.store.records:
                 self.store.write_summary(self.summary(status))
         finally:
+            if isinstance(self.engine, VLLMEngine):
+                self.engine.close()
             self.store.close()
 
     def _run_samples(self, pending: list[Sample]) -> None:
-        """Run each pending sample; the tqdm bar shows tokens/s so far."""
+        """Run each pending batch of samples; the tqdm bar shows tokens/s so far."""
         bar = tqdm(
-            pending,
+            total=len(pending),
             desc=f"{self.cfg.method.name} on {self.dataset.name}",
             unit="sample",
             disable=not self.cfg.progress,
             file=sys.stderr,
         )
         tokens = seconds = 0.0
-        for sample in bar:
-            records = self.run_sample(sample)
+        for batch in self.batches(pending):
+            records = self.run_batch(batch)
             tokens += sum(r["new_tokens"] for r in records)
-            seconds += sum(r["wall_s"] for r in records)
+            seconds += sum(machine_seconds(r) for r in records)
+            bar.update(len(batch))
             bar.set_postfix(tok_s=f"{tokens / seconds:.1f}" if seconds else "-")
+        bar.close()
 
     def _prompt(self, sample: Sample, answers: list[str]) -> list[int]:
         """Prompt ids for the next turn of ``sample`` given the model's earlier answers."""
@@ -404,36 +490,45 @@ class Runner:
         check_fits(sample, prompt_ids, self.cfg.max_new_tokens, self.lm.context_length)
         return prompt_ids
 
-    def _run_sample(self, sample: Sample) -> list[dict]:
-        """All turns of one sample; each later turn sees the model's own earlier answers."""
+    def _run_batch(self, samples: list[Sample]) -> list[dict]:
+        """All turns of ``samples``, turn by turn (each later turn sees the model's own earlier answers); the
+        records of each sample together, in sample order."""
         assert self.lm is not None  # given, or loaded by open()
-        generator = sample_generator(self.cfg.seed, sample.sample_id)
-        answers: list[str] = []
-        records = []
-        for turn in range(len(sample.turns)):
-            prompt_ids = self._prompt(sample, answers)
-            gen, wall, energy = self._timed_generate(prompt_ids, generator)
-            text = self.lm.tokenizer.decode(gen.output_ids, skip_special_tokens=True)
-            assert isinstance(text, str)  # one sequence of ids decodes to one string
-            answers.append(text)
-            records.append(self._record(sample, turn, prompt_ids, gen, text, wall=wall, energy=energy))
-        return records
+        generators = {s.sample_id: sample_generator(self.cfg.seed, s.sample_id) for s in samples}
+        answers: dict[str, list[str]] = {s.sample_id: [] for s in samples}
+        records: dict[str, list[dict]] = {s.sample_id: [] for s in samples}
+        for turn in range(max(len(s.turns) for s in samples)):
+            active = [s for s in samples if turn < len(s.turns)]
+            prompts = [self._prompt(s, answers[s.sample_id]) for s in active]
+            gens, wall, energy = self._timed_generate(prompts, [generators[s.sample_id] for s in active])
+            for sample, prompt_ids, gen in zip(active, prompts, gens, strict=True):
+                text = self.lm.tokenizer.decode(gen.output_ids, skip_special_tokens=True)
+                assert isinstance(text, str)  # one sequence of ids decodes to one string
+                answers[sample.sample_id].append(text)
+                record = self._record(sample, turn, prompt_ids, gen, text, batch=(len(active), wall), energy=energy)
+                records[sample.sample_id].append(record)
+        return [record for sample in samples for record in records[sample.sample_id]]
 
     def _timed_generate(
-        self, prompt_ids: list[int], generator: torch.Generator
-    ) -> tuple[Generation, float, float | None]:
-        """One generation timed end to end with device synchronization on both sides; its wall time and the
-        joules the energy counter read over it (None without a counter)."""
+        self, prompts: list[list[int]], generators: list[torch.Generator]
+    ) -> tuple[list[Generation], float, float | None]:
+        """One call of the engine on ``prompts`` (one, or a batch for vLLM), timed end to end with device
+        synchronization on both sides; its generations, wall time and the joules the energy counter read over it
+        (None without a counter)."""
         assert self.engine is not None  # built by start_engine
         with torch.inference_mode():
             synchronize(self.device)
             joules_before = self.energy.read()
             start = time.perf_counter()
-            gen = self.engine.generate(prompt_ids, self.cfg.max_new_tokens, generator)
+            if isinstance(self.engine, VLLMEngine):
+                gens = self.engine.generate_batch(prompts, self.cfg.max_new_tokens, list(generators))
+            else:
+                (prompt_ids,), (generator,) = prompts, generators
+                gens = [self.engine.generate(prompt_ids, self.cfg.max_new_tokens, generator)]
             synchronize(self.device)
             wall = time.perf_counter() - start
             joules_after = self.energy.read()
-        return gen, wall, joules_between(joules_before, joules_after, self.energy)
+        return gens, wall, joules_between(joules_before, joules_after, self.energy)
 
     def _record(
         self,
@@ -443,11 +538,13 @@ class Runner:
         gen: Generation,
         text: str,
         *,
-        wall: float,
+        batch: tuple[int, float],
         energy: float | None,
     ) -> dict:
-        """One samples.jsonl line (fields documented in specbench.schema)."""
+        """One samples.jsonl line (fields documented in specbench.schema); ``batch`` is the size and wall time of the
+        engine call that generated it, ``energy`` that call's joules (shared out evenly among its requests)."""
         assert self.engine is not None  # built by start_engine
+        size, wall = batch
         return {
             "schema": SCHEMA_VERSION,
             "run_id": self.run_id,
@@ -461,7 +558,9 @@ class Runner:
             "new_tokens": len(gen.output_ids),
             "output_ids": gen.output_ids,
             "output_text": text,
-            "wall_s": wall,
+            "wall_s": wall if gen.latency_s is None else gen.latency_s,
+            "batch_size": size,
+            "batch_wall_s": wall,
             "prefill_s": gen.prefill_s,
             "target_forwards": gen.target_forwards,
             "accept_lengths": gen.accept_lengths,
@@ -470,10 +569,16 @@ class Runner:
             "verify_tokens": gen.verify_tokens,
             "side_branch": gen.side_branch,
             **{f"{key}_s": rounded(getattr(gen, f"{key}_s")) for key in ("step", *PHASES)},
-            "energy_j": energy,
+            "energy_j": None if energy is None else energy / size,
             "stop_reason": gen.stop_reason,
             "drafter_stats": self.engine.stats(),
         }
+
+    def engine_record(self) -> dict:
+        """The summary's ``engine``: which engine generated, at which batch size (vLLM adds its versions and the
+        arguments it was built with)."""
+        described = self.engine.describe() if isinstance(self.engine, VLLMEngine) else {"name": self.cfg.engine.name}
+        return {**described, "batch_size": self.cfg.batch_size}
 
     def summary(self, status: str) -> dict:
         """summary.json content for the records on disk now (fields in specbench.schema)."""
@@ -499,5 +604,11 @@ class Runner:
             if self.engine
             else (self.store.previous_summary or {}).get("artefacts"),
             budget=self.budget,
+            engine=self.engine_record(),
             latency_curves=[curve.to_dict() for curve in cached_curves(cfg.model.name, self.device, self.dtype)],
         )
+
+
+def load_target(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> LoadedModel | TargetFiles:
+    """The run's target: loaded for specbench's own engines, only its files read for vLLM (which loads it)."""
+    return describe_target(cfg.model) if cfg.engine.name == "vllm" else load_model(cfg.model, device, dtype)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TypeGuard
 
-SCHEMA_VERSION = "specbench.samples/5"
+SCHEMA_VERSION = "specbench.samples/6"
 SUMMARY_VERSION = "specbench.summary/1"
 
 PHASES = ("draft", "verify", "accept", "update")
@@ -36,7 +36,12 @@ SAMPLE_FIELDS: dict[str, str] = {
     "new_tokens": "generated tokens (EOS included when emitted)",
     "output_ids": "generated token ids",
     "output_text": "decoded generated text (special tokens skipped)",
-    "wall_s": "wall time of the whole generation, prefill included, device synchronized",
+    "wall_s": "wall time of the whole generation, prefill included, device synchronized (in a batch: from the "
+    "batch's submission to this request's last token, by the engine's clock)",
+    "batch_size": "requests the engine generated together with this one, itself included (1: one at a time; "
+    "engine=vllm batch_size=N: N)",
+    "batch_wall_s": "wall time of the engine call that generated the batch (= wall_s at batch size 1); the record's "
+    "share of the machine's time is batch_wall_s / batch_size (specbench.metrics.machine_seconds)",
     "prefill_s": "wall time of the prefill forward (it emits the first token)",
     "target_forwards": "target forwards after the prefill (= decoding steps)",
     "accept_lengths": "tokens emitted per step, bonus/correction included (null for hf_generate)",
@@ -56,8 +61,8 @@ SAMPLE_FIELDS: dict[str, str] = {
     "accept_s": "step breakdown: time per step in the acceptance rule and the KV-cache compaction",
     "update_s": "step breakdown: time per step in drafter.observe (pools, tries, draft caches) and in "
     "freeing the step's trees and logits",
-    "energy_j": "joules the energy counter read over the generation (NVML on GPU, RAPL on CPU), null where "
-    "none is readable (the summary's environment.energy says why)",
+    "energy_j": "joules the energy counter read over the generation (NVML on GPU, RAPL on CPU; in a batch, the "
+    "batch's joules over its size), null where none is readable (the summary's environment.energy says why)",
     "stop_reason": "'eos' or 'max_new_tokens'",
     "drafter_stats": "the drafter's stats() after this turn (pool sizes, hit rates, ...)",
 }
@@ -102,20 +107,26 @@ SUMMARY_FIELDS: dict[str, str] = {
     "budget": "the method's size knob when set by budget= (null: the method's default): {mode: given|auto, key, "
     "value, default}; auto adds predicted_speedup, every candidate's measured costs, AR's, the latency curve "
     "and its digest, and the calibration (held-out sample ids, max_new_tokens, seconds); see specbench.budget",
+    "engine": "the engine that generated: {name: hf (specbench's own: the shared loop or HF generate) | vllm, "
+    "batch_size}; vLLM adds its version, torch's and transformers' in its environment, load_s and the engine "
+    "arguments it was built with (speculative_config among them); absent before engine= existed (hf, batch 1)",
     "latency_curves": "the latency curves cached for this model, device and dtype when the summary was written "
     "(specbench.profile.cached_curve; one per context length): the report's ideal speedup prices steps with them",
 }
 
 
+BATCH_FIELDS = ("batch_size", "batch_wall_s")
+"""The fields ``specbench.samples/6`` added."""
 WIDTH_FIELDS = ("verify_tokens",)
 """The fields ``specbench.samples/5`` added."""
 TRACED_FIELDS = ("draft_depth", "side_branch", "energy_j", *WIDTH_FIELDS)
 """The fields ``specbench.samples/4`` and later added."""
 ADDED_FIELDS: dict[str, tuple[str, ...]] = {
-    "specbench.samples/1": ("draft_s", "accept_s", "update_s", "prompt_sha", *TRACED_FIELDS),
-    "specbench.samples/2": ("prompt_sha", *TRACED_FIELDS),
-    "specbench.samples/3": TRACED_FIELDS,
-    "specbench.samples/4": WIDTH_FIELDS,
+    "specbench.samples/1": ("draft_s", "accept_s", "update_s", "prompt_sha", *TRACED_FIELDS, *BATCH_FIELDS),
+    "specbench.samples/2": ("prompt_sha", *TRACED_FIELDS, *BATCH_FIELDS),
+    "specbench.samples/3": (*TRACED_FIELDS, *BATCH_FIELDS),
+    "specbench.samples/4": (*WIDTH_FIELDS, *BATCH_FIELDS),
+    "specbench.samples/5": BATCH_FIELDS,
 }
 """Per readable older schema: the SAMPLE_FIELDS its records lack (null when read)."""
 
@@ -129,6 +140,8 @@ FIELD_TYPES: dict[str, str] = {
     "prompt_tokens": "optional count",
     "target_forwards": "count",
     "wall_s": "seconds",
+    "batch_size": "optional count",
+    "batch_wall_s": "optional seconds",
     "prefill_s": "seconds",
     "energy_j": "optional number",
     "output_text": "optional string",

@@ -244,6 +244,7 @@ def summary(cfg: DictConfig, folder: Path, run_id: str, records: list[dict], see
         target="",
         artefacts=[],
         budget=None,
+        engine={"name": "hf", "batch_size": 1},
         latency_curves=[],
     )
 

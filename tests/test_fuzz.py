@@ -492,6 +492,7 @@ def valid_summary(method: str, records: list[dict]) -> dict:
         target="t",
         artefacts=[],
         budget=None,
+        engine={"name": "hf", "batch_size": 1},
         latency_curves=[],
     )
 

@@ -63,6 +63,8 @@ class Generation:
     verify_s: list[float] | None = None  # the target verify forward
     accept_s: list[float] | None = None  # acceptance rule + KV-cache compaction
     update_s: list[float] | None = None  # drafter.observe, freeing the step's trees and logits
+    latency_s: float | None = None  # the request's own wall time where the engine measured it (a batch's requests
+    # finish at different times); None: the runner's clock around the call is the request's
 
 
 class Engine(Protocol):

@@ -55,6 +55,32 @@ def distilled_dir(target_name: str) -> tuple[Path, str]:
     return directory, part_name("draft", directory, finished_manifest(directory, "distilled draft", command))
 
 
+def draft_location(cfg, target_name: str, target_path: str) -> tuple[str, str]:
+    """Where the draft a ``model.draft`` node names lives (a folder or Hub id) and how runs name it, for a draft
+    kept in files (a path, the distilled draft, or the target itself); a ConfigError for one that is not."""
+    source = cfg.get("source", "hub") if cfg is not None else "hub"
+    path = cfg.get("path") if cfg is not None else None
+    if source not in DRAFT_SOURCES:
+        raise ConfigError(f"model.draft.source must be one of {DRAFT_SOURCES}; got {source!r}")
+    if path:
+        location = os.path.expanduser(str(path))
+        revision = cfg.get("revision")
+        return location, f"draft:{location}" + (f"@{revision}" if revision else "")
+    if source == "distilled":
+        directory, part = distilled_dir(target_name)
+        return str(directory), part
+    if source == "target":
+        return target_path, "draft:target"
+    if source == "tiny":
+        raise ConfigError(
+            "a tiny random draft exists only in memory; set model.draft.path=<folder> to run it from files"
+        )
+    raise ConfigError(
+        f"this method needs a draft model but model {target_name} names none: set "
+        f"model.draft.path=<Hub id or local dir> (a causal LM sharing the target's tokenizer)"
+    )
+
+
 def load_draft(cfg, target_name: str, target, tokenizer) -> LoadedDraft:
     """The draft described by a ``model.draft`` node, on the target's device/dtype, tokenizer-checked.
 
@@ -62,31 +88,17 @@ def load_draft(cfg, target_name: str, target, tokenizer) -> LoadedDraft:
     checkpoint can be tried with ``model.draft.path=...``.
     """
     source = cfg.get("source", "hub") if cfg is not None else "hub"
-    path = cfg.get("path") if cfg is not None else None
-    if source not in DRAFT_SOURCES:
-        raise ConfigError(f"model.draft.source must be one of {DRAFT_SOURCES}; got {source!r}")
-    if source == "target" and not path:
+    if source == "target" and not (cfg.get("path") if cfg is not None else None):
         return LoadedDraft(target, tokenizer, "target")
-    part = ""
-    if path:
-        location = os.path.expanduser(str(path))
-        revision = cfg.get("revision")
-        part = f"draft:{location}" + (f"@{revision}" if revision else "")
-        model, draft_tokenizer = load_pretrained(location, target.dtype, revision)
-    elif source == "distilled":
-        directory, part = distilled_dir(target_name)
-        location = str(directory)
-        model, draft_tokenizer = load_pretrained(location, target.dtype, None)
-    elif source == "tiny":
+    if source == "tiny" and not cfg.get("path"):
         tiny = dict(cfg.tiny)
         model = build_tiny_llama(vocab_width(target), device=target.device, dtype=target.dtype, **tiny)
         draft_tokenizer = None
-        location = f"tiny-random-llama(seed={tiny.get('seed')})"
+        location, part = f"tiny-random-llama(seed={tiny.get('seed')})", ""
     else:
-        raise ConfigError(
-            f"this method needs a draft model but model {target_name} names none: set "
-            f"model.draft.path=<Hub id or local dir> (a causal LM sharing the target's tokenizer)"
-        )
+        location, part = draft_location(cfg, target_name, "")
+        revision = cfg.get("revision") if cfg.get("path") else None
+        model, draft_tokenizer = load_pretrained(location, target.dtype, revision)
     model = model.to(device=target.device, dtype=target.dtype).eval()
     check_vocab(model, draft_tokenizer, target, tokenizer, location)
     return LoadedDraft(model, draft_tokenizer, location, part)

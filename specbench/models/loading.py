@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import torch
@@ -34,6 +35,18 @@ class LoadedModel:
     eos_ids: frozenset[int]
     context_length: int
     device_map: dict[str, object] | None = None  # module -> device when model.device_map placed it, else None
+
+
+@dataclass
+class TargetFiles:
+    """A target known by its files alone: what the runner needs when another engine (vLLM) loads the weights."""
+
+    tokenizer: PreTrainedTokenizerBase
+    name: str
+    path: str  # Hub id or local directory the engine loads
+    eos_ids: frozenset[int]
+    context_length: int
+    device_map: dict[str, object] | None = None  # the engine places the weights itself
 
 
 DEVICES = re.compile(r"auto|cpu|cuda(:\d+)?")
@@ -253,4 +266,24 @@ def load_model(cfg, device: torch.device, dtype: torch.dtype) -> LoadedModel:
         raise ConfigError(f"model {cfg.name} declares no context length; set model.context_length")
     return LoadedModel(
         model, tokenizer, cfg.name, path, eos_token_ids(model, tokenizer), int(context), placement(model, device_map)
+    )
+
+
+def describe_target(cfg) -> TargetFiles:
+    """The tokenizer, end-of-sequence ids and context length of a ``conf/model`` node, read from its files without
+    loading the weights (engine=vllm loads them in its own process)."""
+    from transformers import AutoConfig, GenerationConfig
+
+    path = checkpoint_path(cfg)
+    tokenizer = load_tokenizer(cfg)
+    config = _from_pretrained(AutoConfig, path, revision=cfg.get("revision"))
+    try:
+        generation = _from_pretrained(GenerationConfig, path, revision=cfg.get("revision"))
+    except OSError:  # a checkpoint without generation_config.json: the model config's ids
+        generation = GenerationConfig.from_model_config(config)
+    context = cfg.get("context_length") or getattr(config, "max_position_embeddings", None)
+    if context is None:
+        raise ConfigError(f"model {cfg.name} declares no context length; set model.context_length")
+    return TargetFiles(
+        tokenizer, cfg.name, path, eos_token_ids(SimpleNamespace(generation_config=generation), tokenizer), int(context)
     )

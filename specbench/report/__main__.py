@@ -1,5 +1,6 @@
 """``python -m specbench.report RUN_DIR [RUN_DIR...] [--csv OUT.csv] [--divergences] [--by category]
-[--merge-repeats] [--view runs|steps|latency|cost|acceptance] [--plot OUT.png] [--quality] [--reprice CURVE]``:
+[--merge-repeats] [--view runs|steps|latency|cost|acceptance|batch|crosscheck|crosscheck_prompts] [--plot OUT.png]
+[--quality] [--reprice CURVE]``:
 the report table of stored runs, with speedup against AR."""
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from specbench.cli import ArgumentParser, user_errors
 from specbench.errors import StorageError
 from specbench.report.budgets import curves_in, reprice_table
 from specbench.report.compare import divergences, provenance_warning
-from specbench.report.plot import save_acceptance_figure
+from specbench.report.plot import FIGURES, save_figure
 from specbench.report.quality import quality_table
 from specbench.report.read import load
 from specbench.report.view import VIEWS, divergence_text, format_table, quality_text, report_table, reprice_text
+
+FIGURE_TITLES = {"acceptance": "acceptance by draft depth", "batch": "speedup and tokens per step against batch size"}
 
 
 def _parser() -> ArgumentParser:
@@ -41,7 +44,10 @@ def _parser() -> ArgumentParser:
         default="runs",
         help="runs (throughput, acceptance, speedup), steps (where step time goes), latency (TTFT, time per "
         "output token and step latency percentiles, energy per token), cost (ideal, predicted and achieved "
-        "speedup: the cost model beside the measurement) or acceptance (by draft depth)",
+        "speedup: the cost model beside the measurement), acceptance (by draft depth), batch (engines and batch "
+        "sizes, speedup over the AR of the same engine and batch size), crosscheck (a method in specbench's loop "
+        "beside the same method in vLLM: tokens per step, drafting, acceptance, outputs) or crosscheck_prompts "
+        "(the same, per prompt)",
     )
     parser.add_argument(
         "--quality",
@@ -56,7 +62,10 @@ def _parser() -> ArgumentParser:
         "curve or a budget.json): the budget each would choose there by ideal speedup, beside here",
     )
     parser.add_argument(
-        "--plot", metavar="OUT.png", help="with --view acceptance: also draw the acceptance by depth of each run"
+        "--plot",
+        metavar="OUT.png",
+        help="with --view acceptance: also draw the acceptance by depth of each run; with --view batch: speedup and "
+        "tokens per step against the batch size",
     )
     return parser
 
@@ -74,8 +83,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Print the report table of the given runs; exit 2 with a message when they cannot be read."""
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.plot and args.view != "acceptance":
-        parser.error("--plot draws the acceptance view: add --view acceptance")
+    if args.plot and args.view not in FIGURES:
+        parser.error(f"--plot draws the views {sorted(FIGURES)}: add --view acceptance or --view batch")
     if args.quality and args.merge_repeats:
         parser.error("--quality scores single runs: leave out --merge-repeats")
     with user_errors(argv):
@@ -90,10 +99,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         with user_errors(argv), written("--csv", args.csv):
             report.to_csv(args.csv, index=False)
     if args.plot and report.empty:
-        print("no figure: no run drafted, or its records carry no per-step acceptance", file=sys.stderr)
+        print(
+            "no figure: the view's table is empty (acceptance: no run drafted, or its records carry no per-step "
+            "acceptance)",
+            file=sys.stderr,
+        )
     elif args.plot:
         with user_errors(argv), written("--plot", args.plot):
-            print(f"wrote {save_acceptance_figure(report, Path(args.plot), 'acceptance by draft depth')}")
+            print(f"wrote {save_figure(args.view, report, Path(args.plot), FIGURE_TITLES[args.view])}")
     if args.divergences:
         print()
         print(divergence_text(divergences(runs, samples)))

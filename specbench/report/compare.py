@@ -10,13 +10,14 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from specbench.metrics import RATIO_METRICS, ratio_parts
+from specbench.metrics import RATIO_METRICS, acceptance_by_depth, aggregate, ratio_parts
 from specbench.report.read import load_samples
 
 AR_METHOD = "ar"
 # What a run must share with its AR baseline for a speedup to mean anything (docs/design.md#fair-comparisons):
-# the same target (weights, revision, chat template, dtype) answering prompts of the same format; ``session``
-# keeps the runs of one benchmark-suite session together ("" for ordinary runs). Per sample, the prompts'
+# the same target (weights, revision, chat template, dtype) answering prompts of the same format, in the same engine
+# at the same batch size (a vLLM run never pairs with the shared loop's AR); ``session`` keeps the runs of one
+# benchmark-suite session together ("" for ordinary runs). Per sample, the prompts'
 # token digests must agree too (``_pair_with``).
 MATCH_KEYS = [
     "model",
@@ -27,6 +28,8 @@ MATCH_KEYS = [
     "device_name",
     "dtype",
     "repeat",
+    "engine",
+    "batch_size",
     "session",
     "prompt_format",
     "target",
@@ -34,7 +37,7 @@ MATCH_KEYS = [
 # A record's key within its run; ``repeat`` tells apart the repeats that ``merge_repeats`` puts in one run.
 SAMPLE_KEY = ["sample_id", "turn", "repeat"]
 BOOTSTRAP_SAMPLES = 1000
-AR_SIDE = ["run_dir", "new_tokens", "wall_s", "output_ids", "prompt_sha"]
+AR_SIDE = ["run_dir", "new_tokens", "wall_s", "machine_s", "output_ids", "prompt_sha"]
 DIVERGENCE_COLUMNS = [
     "run_dir",
     "ar_run_dir",
@@ -117,12 +120,12 @@ def _agreement(pairs: pd.DataFrame) -> pd.DataFrame:
         rate=pairs["new_tokens"] / pairs["wall_s"], ar_rate=pairs["ar_new_tokens"] / pairs["ar_wall_s"]
     )
     grouped = rates.groupby("run_dir")
-    sums = grouped[["new_tokens", "wall_s", "ar_new_tokens", "ar_wall_s"]].sum()
+    sums = grouped[["new_tokens", "machine_s", "ar_new_tokens", "ar_machine_s"]].sum()
     means = grouped[["rate", "ar_rate", "exact_match"]].mean()
     return pd.DataFrame(
         {
             "n_common": grouped.size(),
-            "speedup": (sums["new_tokens"] / sums["wall_s"]) / (sums["ar_new_tokens"] / sums["ar_wall_s"]),
+            "speedup": (sums["new_tokens"] / sums["machine_s"]) / (sums["ar_new_tokens"] / sums["ar_machine_s"]),
             "speedup_mean": means["rate"] / means["ar_rate"],
             "exact_match_rate": means["exact_match"].astype(float),
         }
@@ -174,8 +177,8 @@ def speedup_statistics(pairs: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
     rows = {}
     for run_dir, group in pairs.groupby("run_dir"):
         rng = np.random.default_rng(seed)  # per run: its interval depends on its own samples only
-        tokens, wall = group["new_tokens"].to_numpy(float), group["wall_s"].to_numpy(float)
-        ar_tokens, ar_wall = group["ar_new_tokens"].to_numpy(float), group["ar_wall_s"].to_numpy(float)
+        tokens, wall = group["new_tokens"].to_numpy(float), group["machine_s"].to_numpy(float)
+        ar_tokens, ar_wall = group["ar_new_tokens"].to_numpy(float), group["ar_machine_s"].to_numpy(float)
         per_sample = (tokens / wall) / (ar_tokens / ar_wall)
         draws = rng.integers(len(group), size=(BOOTSTRAP_SAMPLES, len(group)))  # [B, n] resampled indices
         boot = (tokens[draws].sum(1) / wall[draws].sum(1)) / (ar_tokens[draws].sum(1) / ar_wall[draws].sum(1))
@@ -254,3 +257,124 @@ def provenance_warning(runs: pd.DataFrame) -> str | None:
         problems.append(f"compares runs of {len(dependency_sets)} different dependency sets")
         details.append(f"dependency sets {_counted(dependency_sets)}")
     return f"WARNING: {' and '.join(problems)} ({'; '.join(details)})" if problems else None
+
+
+CROSS_KEYS = ["model", "dataset", "method", "temperature", "top_p", "max_new_tokens", "device_name", "dtype", "target"]
+"""What a run of specbench's own engine and a vLLM run must share to be cross-checked: the same method on the same
+target and prompts (they come from different processes, so not the bench session)."""
+CROSS_DEPTHS = (1, 2, 3)
+"""Draft depths whose joint acceptance the cross-check sets side by side."""
+
+
+def engine_pairs(runs: pd.DataFrame) -> pd.DataFrame:
+    """Each vLLM run beside the run of specbench's own loop (batch 1) of the same method and setting: columns
+    ``run_dir`` (hf) and ``vllm_run_dir``, the vLLM run's ``batch_size``, and each one's AR partner."""
+    partners = _ar_partners(runs)
+    own = runs[(runs["engine"] == "hf") & (runs["batch_size"] == 1)][["run_dir", *CROSS_KEYS]]
+    served = runs[runs["engine"] == "vllm"][["run_dir", "batch_size", *CROSS_KEYS]].rename(
+        columns={"run_dir": "vllm_run_dir"}
+    )
+    pairs = own.merge(served, on=CROSS_KEYS)
+    return pairs.assign(ar_run_dir=pairs["run_dir"].map(partners), vllm_ar_run_dir=pairs["vllm_run_dir"].map(partners))
+
+
+def cross_check_prompts(runs: pd.DataFrame, samples: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per prompt both engines answered, per cross-checked pair of runs: each engine's steps and tokens per
+    step, whether the steps are equal, and whether the two outputs equal each other and both engines' AR outputs."""
+    samples = _samples_of(runs, samples)
+    outputs = samples.set_index(["run_dir", *SAMPLE_KEY])["output_ids"]
+    rows = []
+    for pair in engine_pairs(runs).itertuples(index=False):
+        own = samples[samples["run_dir"] == pair.run_dir]
+        served = samples[samples["run_dir"] == pair.vllm_run_dir]
+        both = own.merge(served, on=SAMPLE_KEY, suffixes=("", "_vllm"))
+        both = both[both["prompt_sha"] == both["prompt_sha_vllm"]]
+        for record in both.to_dict("records"):
+            key = tuple(record[k] for k in SAMPLE_KEY)
+            references = [outputs.get((run, *key)) for run in (pair.ar_run_dir, pair.vllm_ar_run_dir)]
+            rows.append(
+                {
+                    "method": pair.method,
+                    "batch_size": pair.batch_size,
+                    "run_dir": pair.run_dir,
+                    "vllm_run_dir": pair.vllm_run_dir,
+                    **dict(zip(SAMPLE_KEY, key, strict=True)),
+                    "steps": record["target_forwards"],
+                    "vllm_steps": record["target_forwards_vllm"],
+                    "same_steps": record["target_forwards"] == record["target_forwards_vllm"],
+                    "same_output": record["output_ids"] == record["output_ids_vllm"],
+                    "equal_to_ar": all(
+                        reference is not None and reference == output
+                        for reference in references
+                        for output in (record["output_ids"], record["output_ids_vllm"])
+                    ),
+                }
+            )
+    return pd.DataFrame(rows, columns=CROSS_PROMPT_COLUMNS)
+
+
+CROSS_PROMPT_COLUMNS = [
+    "method",
+    "batch_size",
+    "run_dir",
+    "vllm_run_dir",
+    *SAMPLE_KEY,
+    "steps",
+    "vllm_steps",
+    "same_steps",
+    "same_output",
+    "equal_to_ar",
+]
+
+
+def cross_check(runs: pd.DataFrame, samples: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per cross-checked pair (a method in specbench's loop and in vLLM, on the same prompts): each engine's tokens
+    per step, share of steps that drafted and joint acceptance at the first depths over the common prompts, and the
+    shares of prompts with equal steps and with every output (both runs, both ARs) equal."""
+    samples = _samples_of(runs, samples)
+    prompts = cross_check_prompts(runs, samples)
+    rows = []
+    for (run_dir, vllm_run_dir), group in prompts.groupby(["run_dir", "vllm_run_dir"], sort=False):
+        common = group[SAMPLE_KEY].apply(tuple, axis=1).tolist()
+        row = {
+            "method": group["method"].iloc[0],
+            "batch_size": group["batch_size"].iloc[0],
+            "n_common": len(group),
+            "same_steps": group["same_steps"].mean(),
+            "equal_to_ar": group["equal_to_ar"].mean(),
+        }
+        for engine, run in (("hf", run_dir), ("vllm", vllm_run_dir)):
+            records = [
+                r
+                for r in samples[samples["run_dir"] == run].to_dict("records")
+                if tuple(r[k] for k in SAMPLE_KEY) in common
+            ]
+            row.update(engine_step_summary(records, engine))
+        rows.append(row)
+    return pd.DataFrame(rows, columns=CROSS_COLUMNS)
+
+
+def engine_step_summary(records: list[dict], engine: str) -> dict:
+    """One engine's side of a cross-check: tokens per step, share of steps that drafted, joint acceptance."""
+    metrics = aggregate(records)
+    steps = [drafted for record in records for drafted in record["draft_tokens"] or []]
+    joint = {row["depth"]: row["joint"] for row in acceptance_by_depth(records)}
+    return {
+        f"tokens_per_step_{engine}": metrics["tokens_per_step"],
+        f"drafted_share_{engine}": sum(d > 0 for d in steps) / len(steps) if steps else None,
+        **{f"joint{depth}_{engine}": joint.get(depth) for depth in CROSS_DEPTHS},
+    }
+
+
+CROSS_COLUMNS = [
+    "method",
+    "batch_size",
+    "n_common",
+    "tokens_per_step_hf",
+    "tokens_per_step_vllm",
+    "same_steps",
+    "equal_to_ar",
+    "drafted_share_hf",
+    "drafted_share_vllm",
+    *(f"joint{depth}_{engine}" for depth in CROSS_DEPTHS for engine in ("hf", "vllm")),
+]

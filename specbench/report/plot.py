@@ -1,5 +1,6 @@
-"""The report's figure: acceptance by draft depth of each run (``--view acceptance --plot OUT.png``, and the
-``acceptance.png`` every benchmark session writes)."""
+"""The report's figures: acceptance by draft depth of each run (``--view acceptance --plot OUT.png``, and the
+``acceptance.png`` every benchmark session writes), and speedup and tokens per step against the batch size
+(``--view batch --plot OUT.png``, the ``batch.png`` of a session that sweeps it)."""
 
 from __future__ import annotations
 
@@ -33,5 +34,35 @@ def acceptance_figure(table: pd.DataFrame, title: str) -> Figure:
 
 def save_acceptance_figure(table: pd.DataFrame, path: Path, title: str) -> Path:
     """Draw the acceptance figure of ``table`` into ``path`` (PNG); return the path."""
-    acceptance_figure(table, title).savefig(path, dpi=150, metadata={"Software": None})  # same table, same bytes
+    return save_figure("acceptance", table, path, title)
+
+
+BATCH_PANELS = {"speedup": "speedup over AR at the same batch size", "tokens_per_step": "tokens per step"}
+
+
+def batch_figure(table: pd.DataFrame, title: str) -> Figure:
+    """Speedup and tokens per step against the batch size, one line per method and engine of a ``batch`` table."""
+    fig = Figure(figsize=(10, 3.8), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(BATCH_PANELS), sharex=True)
+    for ax, (column, label) in zip(axes, BATCH_PANELS.items(), strict=True):
+        for (method, engine), rows in table.groupby(["method", "engine"], sort=False):
+            rows = rows.sort_values("batch_size")
+            ax.plot(rows["batch_size"], rows[column], marker="o", label=f"{method} ({engine})")
+        ax.set(title=label, xlabel="batch size (requests generated together)", xscale="log", ylabel=column)
+        ax.set_xticks(sorted(table["batch_size"].unique()), [str(n) for n in sorted(table["batch_size"].unique())])
+        ax.grid(alpha=0.3)
+    axes[0].axhline(1.0, color="grey", linewidth=0.8)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title)
+    return fig
+
+
+FIGURES = {"acceptance": acceptance_figure, "batch": batch_figure}
+"""The views ``--plot`` draws, and how."""
+
+
+def save_figure(view: str, table: pd.DataFrame, path: Path, title: str) -> Path:
+    """Draw ``view``'s figure of ``table`` into ``path`` (PNG; the same table gives the same bytes); return it."""
+    FIGURES[view](table, title).savefig(path, dpi=150, metadata={"Software": None})
     return path

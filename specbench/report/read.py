@@ -16,7 +16,7 @@ import pandas as pd
 from specbench.costmodel import LatencyCurve
 from specbench.dependencies import dependency_label
 from specbench.errors import UserError
-from specbench.metrics import aggregate, cost_metrics
+from specbench.metrics import aggregate, cost_metrics, machine_seconds
 from specbench.schema import SAMPLE_FIELDS, upgrade_record, validate_record
 from specbench.settings import type_problems
 
@@ -35,6 +35,8 @@ RUN_COLUMNS = [
     "device_name",
     "dtype",
     "repeat",
+    "engine",
+    "batch_size",
     "lossless",
     "status",
     "n_samples",
@@ -168,6 +170,14 @@ class SummaryBench:
 
 
 @dataclass
+class SummaryEngine:
+    """The types of a summary's ``engine`` record (which engine generated, at which batch size)."""
+
+    name: str = "hf"
+    batch_size: int = 1
+
+
+@dataclass
 class SummaryBudget:
     """The types of a summary's ``budget`` record (how the method's size knob was set)."""
 
@@ -195,6 +205,7 @@ class RunIdentity:
     target: str | None = None
     artefacts: list[str] | None = None
     budget: SummaryBudget | None = None
+    engine: SummaryEngine | None = None
     latency_curves: list[dict] | None = None
 
 
@@ -206,6 +217,7 @@ def _identity(run_dir: Path, summary: dict) -> dict:
         raise ReportError(f"{run_dir}/summary.json: {'; '.join(problems)}")
     sampling, environment = summary["sampling"], summary["environment"]
     bench = summary.get("bench") or {}
+    engine = summary.get("engine") or {}
     return {
         "run_dir": str(run_dir),
         "model": summary["model"],
@@ -219,6 +231,8 @@ def _identity(run_dir: Path, summary: dict) -> dict:
         "device_name": environment["device_name"],
         "dtype": environment["dtype"],
         "repeat": summary.get("repeat", 0),
+        "engine": engine.get("name", "hf"),  # runs before engine= existed: specbench's own, one at a time
+        "batch_size": engine.get("batch_size", 1),
         "lossless": summary["lossless"],
         "status": summary["status"],
         "n_samples": summary["n_samples"],
@@ -284,8 +298,8 @@ def runs_frame(runs: list[Run]) -> pd.DataFrame:
 
 def samples_frame(runs: list[Run]) -> pd.DataFrame:
     """One row per record, each carrying the identity columns of its run."""
-    rows = [{**run.identity, **record} for run in runs for record in run.records]
-    return pd.DataFrame(rows, columns=None if rows else [*RUN_COLUMNS, *SAMPLE_FIELDS])
+    rows = [{**run.identity, **record, "machine_s": machine_seconds(record)} for run in runs for record in run.records]
+    return pd.DataFrame(rows, columns=None if rows else [*RUN_COLUMNS, *SAMPLE_FIELDS, "machine_s"])
 
 
 def load_runs(paths: Iterable[PathLike]) -> pd.DataFrame:

@@ -9,7 +9,14 @@ from pathlib import Path
 import pandas as pd
 
 from specbench.metrics import PERCENTILES, acceptance_by_depth
-from specbench.report.compare import match_ar
+from specbench.report.compare import (
+    CROSS_COLUMNS,
+    CROSS_DEPTHS,
+    CROSS_PROMPT_COLUMNS,
+    cross_check,
+    cross_check_prompts,
+    match_ar,
+)
 from specbench.report.read import PathLike, load
 
 TABLE_COLUMNS = [
@@ -82,12 +89,31 @@ COST_COLUMNS = [
 ]
 # One row per run and draft depth (report.view.acceptance_table).
 ACCEPTANCE_COLUMNS = ["run", "method", "depth", "steps", "exactly", "joint", "conditional"]
+# Engines and batch sizes: the same prompts through each engine at each batch size, speedup over the AR of the same
+# engine and batch size.
+BATCH_COLUMNS = [
+    "run",
+    "method",
+    "engine",
+    "batch_size",
+    "n_samples",
+    "tokens_per_step",
+    "throughput_total",
+    "throughput_mean",
+    "speedup",
+    "exact_match_rate",
+    "ttft_p50_s",
+    "tpot_s",
+]
 VIEWS = {
     "runs": TABLE_COLUMNS,
     "steps": STEP_COLUMNS,
     "latency": LATENCY_COLUMNS,
     "cost": COST_COLUMNS,
     "acceptance": ACCEPTANCE_COLUMNS,
+    "batch": BATCH_COLUMNS,
+    "crosscheck": CROSS_COLUMNS,
+    "crosscheck_prompts": CROSS_PROMPT_COLUMNS,
 }
 MILLISECONDS = (
     "step_latency_s",
@@ -105,6 +131,11 @@ SHARES = (
     "exactly",
     "joint",
     "conditional",
+    "same_steps",
+    "equal_to_ar",
+    "drafted_share_hf",
+    "drafted_share_vllm",
+    *(f"joint{depth}_{engine}" for depth in CROSS_DEPTHS for engine in ("hf", "vllm")),
 )
 # Short headers so a full table fits a terminal; the CSV keeps the full column names.
 DISPLAY_NAMES = {
@@ -135,6 +166,12 @@ DISPLAY_NAMES = {
     "predicted_speedup": "predicted",
     "achieved_over_modelled": "achieved/model",
     "achieved_over_predicted": "achieved/pred",
+    "batch_size": "batch",
+    "tokens_per_step_hf": "tok/step_hf",
+    "tokens_per_step_vllm": "tok/step_vllm",
+    "drafted_share_hf": "drafted_hf",
+    "drafted_share_vllm": "drafted_vllm",
+    "vllm_run_dir": "vllm_run",
 }
 
 
@@ -146,6 +183,10 @@ def report_table(runs: pd.DataFrame, samples: pd.DataFrame, view: str = "runs") 
     """One view's table from loaded frames (``acceptance``: one row per run and draft depth)."""
     if view == "acceptance":
         return acceptance_table(runs, samples)
+    if view == "crosscheck":
+        return cross_check(runs, samples)
+    if view == "crosscheck_prompts":
+        return cross_check_prompts(runs, samples)
     report = match_ar(runs, samples).sort_values(ORDER)
     report["run"] = [run_label(run) for _, run in report.iterrows()]
     report["achieved_over_modelled"] = report["speedup"] / report.get("modelled_speedup", float("nan"))
@@ -180,7 +221,7 @@ def table(paths: Iterable[PathLike], by: str | None = None, repeats: bool = Fals
 def _for_display(frame: pd.DataFrame) -> pd.DataFrame:
     """Run folder names instead of paths, times in ms, shares in %, short headers, to fit a terminal."""
     shown = frame.copy()
-    for column in {"run_dir", "ar_run_dir"} & set(shown.columns):
+    for column in {"run_dir", "ar_run_dir", "vllm_run_dir"} & set(shown.columns):
         shown[column] = shown[column].map(lambda path: Path(path).name, na_action="ignore")
     for column in set(MILLISECONDS) & set(shown.columns):
         shown[column] = shown[column] * 1000

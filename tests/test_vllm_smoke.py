@@ -1,0 +1,110 @@
+"""engine=vllm with vLLM itself (the environment `make engine-vllm` builds; `make test` builds it first): every
+method vLLM runs, on the embedded model in float32, 4 HumanEval prompts x 32 tokens, at batch 1 and 4: outputs equal
+to the shared loop's AR token for token, records that add up, and PLD's steps equal to the shared loop's PLD."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from specbench.config import compose_config
+from specbench.core.acceptance import Sampling
+from specbench.data.base import build_dataset
+from specbench.models.loading import describe_target
+from specbench.runner import Runner
+from specbench.vllm_engine import VLLMEngine, start_vllm, vllm_python
+from tests.conftest import ROOT, SHARED_DATA
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = 4
+TOKENS = 32
+SETTINGS = ("model=smollm2_135m", "dataset=humaneval", f"limit={PROMPTS}", f"max_new_tokens={TOKENS}", "dtype=float32")
+SETTINGS = (*SETTINGS, f"data_dir={SHARED_DATA}", "progress=false")
+METHODS = {  # each method as vLLM runs it (its `same_when`), so the shared loop's run is the same algorithm
+    "ar": (),
+    "pld": ("method.drafter.occurrence=first",),
+    "suffix_decoding": ("method.drafter.speculation=linear",),
+    "spede": ("method.drafter.schedule=constant", "model.draft.source=target"),
+}
+
+
+@pytest.fixture(scope="module")
+def environment():
+    """vLLM's environment: `make test` builds it; without it every test here fails, saying how to build it."""
+    return vllm_python(compose_config("engine=vllm").engine)
+
+
+def loop_records(tmp_path_factory, method: str) -> list[dict]:
+    """The shared loop's records of ``method`` (as vLLM runs it) on the smoke prompts."""
+    out = tmp_path_factory.mktemp(f"loop-{method}")
+    Runner(compose_config(*SETTINGS, f"method={method}", *METHODS[method], f"output_dir={out}")).run()
+    return [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def loop_ar(tmp_path_factory):
+    return loop_records(tmp_path_factory, "ar")
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    """The smoke prompts' token ids, rendered as the runner renders them."""
+    cfg = compose_config(*SETTINGS)
+    tokenizer = describe_target(cfg.model).tokenizer
+    dataset = build_dataset(cfg.dataset, cfg.data_dir)
+    return [dataset.prompt_ids(tokenizer, sample, []) for sample in dataset.samples(PROMPTS)]
+
+
+def served(method: str) -> VLLMEngine:
+    """vLLM started with ``method``'s counterpart."""
+    cfg = compose_config(*SETTINGS, "engine=vllm", f"method={method}", *METHODS[method])
+    target = describe_target(cfg.model)
+    return start_vllm(cfg, Sampling(0.0, 1.0), target.eos_ids, target.context_length)
+
+
+def check_adds_up(gen, method: str) -> None:
+    """A generation's per-step record agrees with its output and with what the method can draft."""
+    assert len(gen.output_ids) == 1 + sum(gen.accept_lengths) and gen.target_forwards == len(gen.accept_lengths)
+    assert all(emitted <= drafted + 1 for emitted, drafted in zip(gen.accept_lengths, gen.draft_tokens, strict=True))
+    if method == "ar":
+        assert set(gen.accept_lengths) == {1} and set(gen.draft_tokens) == {0}
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_vllm_equals_the_shared_loops_ar_at_batch_1_and_4(method, environment, loop_ar, prompts, tmp_path_factory):
+    """Greedy in float32, every output of every method in vLLM equals the shared loop's AR, alone and batched."""
+    engine = served(method)
+    try:
+        generator = torch.Generator()
+        batched = engine.generate_batch(prompts, TOKENS, [generator] * len(prompts))
+        alone = [engine.generate(prompt, TOKENS, generator) for prompt in prompts]
+    finally:
+        engine.close()
+    for gens in (batched, alone):
+        assert [gen.output_ids for gen in gens] == [record["output_ids"] for record in loop_ar]
+        for gen in gens:
+            check_adds_up(gen, method)
+    if method == "pld":  # the same algorithm as the loop's PLD (first occurrence): the same steps, prompt by prompt
+        loop = loop_records(tmp_path_factory, method)
+        assert [gen.accept_lengths for gen in alone] == [record["accept_lengths"] for record in loop]
+        assert [gen.accept_lengths for gen in batched] == [record["accept_lengths"] for record in loop]
+
+
+def test_python_m_specbench_engine_vllm_runs_batched(environment, loop_ar, tmp_path):
+    """The command the README gives, batched: one summary and 4 records of batch 4, the AR's outputs."""
+    out = tmp_path / "pld"
+    command = [sys.executable, "-m", "specbench", *SETTINGS, "engine=vllm", "method=pld", "batch_size=4"]
+    done = subprocess.run([*command, f"output_dir={out}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert [record["output_ids"] for record in records] == [record["output_ids"] for record in loop_ar]
+    assert {(record["batch_size"], record["batch_wall_s"]) for record in records} == {(4, records[0]["batch_wall_s"])}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["engine"]["name"] == "vllm" and summary["engine"]["batch_size"] == 4
+    assert summary["engine"]["engine_args"]["speculative_config"]["method"] == "ngram"
+    assert summary["engine"]["vllm"]  # the version vLLM's environment reported

@@ -20,7 +20,7 @@ SHARED ?= $(abspath ../shared)
 export SPECBENCH_DATA_DIR ?= $(SHARED)/datasets
 export SPECBENCH_CORPUS_DIR ?= $(SHARED)/corpus/sotu_1946_2026
 
-.PHONY: install engine-vllm lock lock-upgrade check-latest demo test test-fast fuzz lint bench-ar bench-model-free bench-draft bench-medusa bench-eagle bench-quality bench-auto bench-figures bench-all train-draft train-medusa \
+.PHONY: install engine-vllm lock lock-upgrade check-latest demo test test-fast fuzz lint bench-ar bench-model-free bench-engines bench-draft bench-medusa bench-eagle bench-quality bench-auto bench-figures bench-all train-draft train-medusa \
 	train-hydra train-eagle train-eagle3 train-vocab profile report \
 	reproduce-tables reproduce-run reproduce-build parity clean
 
@@ -101,6 +101,9 @@ bench-quality: install train-medusa  ## at T=0.7: AR, lossy and lossless Medusa,
 	$(PY) -m specbench.report $$(ls -d results/bench/quality/*/ | tail -1) --quality
 	$(PY) -m specbench.bench quality_summaries
 	$(PY) -m specbench.report $$(ls -d results/bench/quality_summaries/*/ | tail -1) --quality
+
+bench-engines: install engine-vllm train-draft  ## AR, PLD, SuffixDecoding, SpeDe in vLLM at batch sizes 1-16 (speedup over vLLM's AR at each)
+	$(PY) -m specbench.bench engines
 
 bench-figures:  ## acceptance.png (acceptance by draft depth) in every stored bench session that drafted
 	for session in results/bench/*/*/; do \

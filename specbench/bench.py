@@ -195,11 +195,16 @@ def round_runners(
     return runners
 
 
+def load_of(runner: Runner) -> tuple[int, int]:
+    """How a runner's requests reach its engine: (concurrency, 0 offline; batch size)."""
+    return runner.cfg.concurrency or 0, runner.cfg.batch_size
+
+
 def batch_phases(runners: dict[str, Runner]) -> list[dict[str, Runner]]:
-    """The round's runners by batch size, smallest first: each size is a phase of its own (its engines started
-    together and closed before the next phase's start), every sample batched alike within it."""
-    sizes = sorted({runner.cfg.batch_size for runner in runners.values()})
-    return [{label: r for label, r in runners.items() if r.cfg.batch_size == size} for size in sizes]
+    """The round's runners by batch size (and concurrency), smallest first: each is a phase of its own (its engines
+    started together and closed before the next phase's start), every sample batched alike within it."""
+    loads = sorted({load_of(runner) for runner in runners.values()})
+    return [{label: r for label, r in runners.items() if load_of(r) == load} for load in loads]
 
 
 def run_round(runners: dict[str, Runner], bar: tqdm, round_index: int) -> None:
@@ -325,7 +330,7 @@ def run(args: argparse.Namespace) -> Path:
     if cost["ideal_speedup"].notna().any():  # a latency curve is cached for this model and device
         print(format_table(cost))
     batches = table([session], repeats=True, view="batch")
-    if batches["batch_size"].nunique() > 1:  # a batch-size sweep: its view and its figure
+    if batches["batch_size"].nunique() > 1 or batches["concurrency"].nunique() > 1:  # a sweep: its view and figure
         print(format_table(batches))
         save_figure("batch", batches, session / "batch.png", f"{args.suite}: speedup and tokens per step by batch size")
     acceptance = table([session], repeats=True, view="acceptance")

@@ -48,7 +48,13 @@ def suffix(prefix: str, value: object) -> str:
     return "" if value is None else f"{prefix}{value}"
 
 
-for name, resolver in (("file_stem", file_stem), ("suffix", suffix)):
+def load_folder(batch_size: int, concurrency: int | None) -> str:
+    """``${load_folder:${batch_size},${concurrency}}``: how requests reach an engine, in a folder name: ``-c8`` (8 in
+    flight against a server) or ``-b4`` (offline batches of 4)."""
+    return f"-b{batch_size}" if concurrency is None else f"-c{concurrency}"
+
+
+for name, resolver in (("file_stem", file_stem), ("suffix", suffix), ("load_folder", load_folder)):
     if not OmegaConf.has_resolver(name):
         OmegaConf.register_new_resolver(name, resolver)
 

@@ -93,6 +93,7 @@ class RunSettings:
     dataset: NamedConfig
     engine: NamedConfig
     batch_size: int
+    concurrency: int | None
     limit: int | None
     max_new_tokens: int
     temperature: float
@@ -141,6 +142,11 @@ def engine_problems(cfg: DictConfig) -> list[str]:
         return [f"engine must be one of {ENGINE_NAMES} (got {cfg.engine.name!r})"]
     if cfg.batch_size < 1:
         return [f"batch_size must be >= 1 (got {cfg.batch_size})"]
+    if cfg.concurrency is not None and (cfg.engine.name != "vllm" or cfg.concurrency < 1 or cfg.batch_size != 1):
+        return [
+            f"concurrency={cfg.concurrency}: the number of requests kept in flight against vLLM's server, >= 1, with "
+            f"engine=vllm and without batch_size (the server batches what is in flight)"
+        ]
     if cfg.engine.name == "hf":
         if cfg.batch_size != 1:
             return [
@@ -208,7 +214,7 @@ def config_digest(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> 
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
-HF_ENGINE_KEYS = ("engine", "batch_size")
+HF_ENGINE_KEYS = ("engine", "batch_size", "concurrency")
 """Top-level keys left out of the digest of runs on specbench's own engines (one request at a time), with the
 method's ``vllm`` node (its counterpart, read by engine=vllm only), so runs stored before engine= keep theirs."""
 
@@ -441,8 +447,8 @@ class Runner:
 
     def batches(self, samples: list[Sample]) -> list[list[Sample]]:
         """``samples`` in the run's batches of ``batch_size`` (in order, so a resumed run batches as the first did:
-        a batch's records are written together)."""
-        size = self.cfg.batch_size
+        a batch's records are written together); with ``concurrency``, one load of them all."""
+        size = len(samples) if self.cfg.concurrency is not None else self.cfg.batch_size
         return [samples[start : start + size] for start in range(0, len(samples), size)]
 
     def _write_config(self) -> None:
@@ -521,7 +527,9 @@ class Runner:
             joules_before = self.energy.read()
             start = time.perf_counter()
             if isinstance(self.engine, VLLMEngine):
-                gens = self.engine.generate_batch(prompts, self.cfg.max_new_tokens, list(generators))
+                gens = self.engine.generate_batch(
+                    prompts, self.cfg.max_new_tokens, list(generators), self.cfg.concurrency
+                )
             else:
                 (prompt_ids,), (generator,) = prompts, generators
                 gens = [self.engine.generate(prompt_ids, self.cfg.max_new_tokens, generator)]
@@ -578,7 +586,7 @@ class Runner:
         """The summary's ``engine``: which engine generated, at which batch size (vLLM adds its versions and the
         arguments it was built with)."""
         described = self.engine.describe() if isinstance(self.engine, VLLMEngine) else {"name": self.cfg.engine.name}
-        return {**described, "batch_size": self.cfg.batch_size}
+        return {**described, "batch_size": self.cfg.batch_size, "concurrency": self.cfg.concurrency}
 
     def summary(self, status: str) -> dict:
         """summary.json content for the records on disk now (fields in specbench.schema)."""

@@ -39,7 +39,7 @@ SAMPLE_FIELDS: dict[str, str] = {
     "wall_s": "wall time of the whole generation, prefill included, device synchronized (in a batch: from the "
     "batch's submission to this request's last token, by the engine's clock)",
     "batch_size": "requests the engine generated together with this one, itself included (1: one at a time; "
-    "engine=vllm batch_size=N: N)",
+    "engine=vllm batch_size=N: N; concurrency=N: every request of the load against the server)",
     "batch_wall_s": "wall time of the engine call that generated the batch (= wall_s at batch size 1); the record's "
     "share of the machine's time is batch_wall_s / batch_size (specbench.metrics.machine_seconds)",
     "prefill_s": "wall time of the prefill forward (it emits the first token)",
@@ -108,8 +108,9 @@ SUMMARY_FIELDS: dict[str, str] = {
     "value, default}; auto adds predicted_speedup, every candidate's measured costs, AR's, the latency curve "
     "and its digest, and the calibration (held-out sample ids, max_new_tokens, seconds); see specbench.budget",
     "engine": "the engine that generated: {name: hf (specbench's own: the shared loop or HF generate) | vllm, "
-    "batch_size}; vLLM adds its version, torch's and transformers' in its environment, load_s and the engine "
-    "arguments it was built with (speculative_config among them); absent before engine= existed (hf, batch 1)",
+    "batch_size, concurrency (null: offline)}; vLLM adds its version, torch's and transformers' in its "
+    "environment, the ArcticInference build, load_s and the engine arguments it was built with "
+    "(speculative_config among them); absent before engine= existed (hf, batch 1)",
     "latency_curves": "the latency curves cached for this model, device and dtype when the summary was written "
     "(specbench.profile.cached_curve; one per context length): the report's ideal speedup prices steps with them",
 }

@@ -156,8 +156,25 @@ def drafted_per_step(steps: list[int], accepted: list[int], drafted: list[int]) 
     return out
 
 
+def steps_of_record(new_tokens: int, accepted: list[int], drafted: list[int]) -> tuple[list[int], list[int]]:
+    """Tokens emitted and drafted per step of a request whose steps were not observed one by one (a server's stream
+    may merge them), from vLLM's record of the steps that drafted: those steps (the last one cut where the output
+    ends: EOS or the budget), and one step of one token for each token they leave. The steps that drafted nothing are
+    listed first, since the order is not known; every metric of the steps reads them as a set."""
+    emitted = [a + 1 for a in accepted]
+    excess = sum(emitted) - (new_tokens - 1)
+    if emitted and excess > 0:
+        emitted[-1] -= excess
+    if (emitted and emitted[-1] < 1) or sum(emitted) > new_tokens - 1:
+        raise ValueError(f"vLLM's speculative record (accepted {accepted}) emits more than the {new_tokens} tokens")
+    plain = new_tokens - 1 - sum(emitted)
+    return [1] * plain + emitted, [0] * plain + list(drafted)
+
+
 def generation_of(result: dict) -> Generation:
     """A worker's trace of one request as the runner's ``Generation`` (steps after the prefill's first token)."""
+    if "emitted" not in result:  # from the server: its time to the first token and its latency, no step times
+        return served_generation(result)
     emitted, times = result["emitted"], result["times"]
     if not emitted or emitted[0] != 1:
         raise RuntimeError(f"vLLM's first output step emitted {emitted[:1]} tokens; the prefill emits one")
@@ -179,10 +196,33 @@ def generation_of(result: dict) -> Generation:
     )
 
 
-class VLLMEngine:
-    """The runner's engine for ``engine=vllm``: a vLLM worker process, one request batch per call."""
+def served_generation(result: dict) -> Generation:
+    """A request answered by vLLM's server as a ``Generation``: its steps from vLLM's record (``steps_of_record``),
+    its time to the first token and latency since the request started, no per-step times."""
+    spec = result["spec"] or {"per_step_accepted": [], "per_step_drafted": []}
+    steps, drafted = steps_of_record(len(result["output_ids"]), spec["per_step_accepted"], spec["per_step_drafted"])
+    first, last = result["times"]
+    return Generation(
+        output_ids=result["output_ids"],
+        prefill_s=first,
+        target_forwards=len(steps),
+        stop_reason="max_new_tokens" if result["finish_reason"] == "length" else "eos",
+        accept_lengths=steps,
+        draft_tokens=drafted,
+        draft_depth=drafted,
+        verify_tokens=[1 + d for d in drafted],
+        side_branch=[False] * len(steps),
+        latency_s=last,
+    )
 
-    def __init__(self, python: Path, args: dict, sampling: Sampling, eos_ids: frozenset[int], parts: list[str]):
+
+class VLLMEngine:
+    """The runner's engine for ``engine=vllm``: a vLLM worker process, one request batch (or, with ``server``, one
+    load against vLLM's server) per call."""
+
+    def __init__(
+        self, python: Path, args: dict, sampling: Sampling, eos_ids: frozenset[int], parts: list[str], server: bool
+    ):
         self.sampling = sampling
         self.eos_ids = sorted(eos_ids)
         self.parts = parts
@@ -196,7 +236,8 @@ class VLLMEngine:
             text=True,
             env=env,
         )
-        self.versions = self._ask({"op": "start", "engine_args": args})
+        self.server = server
+        self.versions = self._ask({"op": "start", "engine_args": args, "server": server})
         self.args = args
 
     def _ask(self, request: dict) -> dict:
@@ -234,11 +275,17 @@ class VLLMEngine:
         return self.generate_batch([prompt_ids], max_new_tokens, [generator])[0]
 
     def generate_batch(
-        self, prompts: list[list[int]], max_new_tokens: int, generators: list[torch.Generator | None]
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: int,
+        generators: list[torch.Generator | None],
+        concurrency: int | None = None,
     ) -> list[Generation]:
-        """Submit ``prompts`` together (vLLM batches them as its scheduler does) and wait for all of them."""
+        """Submit ``prompts`` together (vLLM batches them as its scheduler does) and wait for all of them; against the
+        server, keep ``concurrency`` of them in flight at a time (one by one if not given)."""
         reply = self._ask(
             {
+                "concurrency": (concurrency or 1) if self.server else None,
                 "op": "generate",
                 "prompts": prompts,
                 "max_new_tokens": max_new_tokens,
@@ -284,9 +331,10 @@ def start_vllm(cfg: DictConfig, sampling: Sampling, eos_ids: frozenset[int], con
     """Start vLLM for a run config, with a line on stderr (loading takes tens of seconds)."""
     args, parts = engine_args(cfg, context_length)
     began = time.perf_counter()
-    print(f"[specbench] starting vLLM ({cfg.method.name}) ...", file=sys.stderr)
+    server = cfg.get("concurrency") is not None
+    print(f"[specbench] starting vLLM{' server' if server else ''} ({cfg.method.name}) ...", file=sys.stderr)
     try:
-        engine = VLLMEngine(vllm_python(cfg.engine), args, sampling, eos_ids, parts)
+        engine = VLLMEngine(vllm_python(cfg.engine), args, sampling, eos_ids, parts, server)
     except FileNotFoundError as error:
         raise ModelUnavailable(f"cannot start vLLM: {error}; {SETUP_HINT}") from None
     print(f"[specbench] vLLM {engine.versions['vllm']} ready in {time.perf_counter() - began:.0f} s", file=sys.stderr)

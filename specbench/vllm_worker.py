@@ -8,13 +8,16 @@ Protocol: one JSON object per line. Requests arrive on stdin; replies leave on t
 which is kept for them alone (everything vLLM and its engine processes print goes to stderr). Requests:
 
 - ``{"op": "start", "engine_args": {...}}``: build ``vllm.LLM(**engine_args)``; reply with versions and the
-  load time.
+  load time. With ``"server": true`` start vLLM's OpenAI-compatible server on loopback instead (the same arguments
+  as its command-line flags), and wait until it answers.
 - ``{"op": "generate", "prompts": [[ids]], "max_new_tokens": n, "temperature": t, "top_p": p, "seeds": [s],
   "stop_token_ids": [...]}``: submit every prompt at once, step the engine until all finish; reply with each
   request's output ids, the tokens each engine step added to it (``emitted``, the prefill's first) and when
   (``times``, seconds since submission), and vLLM's per-request speculative-decoding record
   (``spec``: ``per_step_accepted`` / ``per_step_drafted`` over the steps that drafted; null without
-  speculation).
+  speculation). Against the server, ``"concurrency": n`` keeps n requests in flight (streamed completions of the
+  token ids; a request starts as another ends) until all are answered; its trace has the time to the first token and
+  the latency (``times``: both, since the request's own start) but not the steps, which a server's stream may merge.
 - ``{"op": "reset"}``: empty the prefix cache (after a warm-up on a prompt the run answers again).
 - ``{"op": "stop"}``: exit.
 
@@ -38,14 +41,14 @@ sys.path = [
 ]
 
 
-def start(engine_args: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    """Build the engine; return it and what the run records about it."""
+def start(engine_args: dict[str, Any], server: bool) -> tuple[Any, dict[str, Any]]:
+    """Build the engine (or start the server); return it and what the run records about it."""
     import torch
     import transformers
     import vllm
 
     began = time.perf_counter()
-    llm = vllm.LLM(**engine_args)
+    llm = Server(engine_args) if server else vllm.LLM(**engine_args)
     return llm, {
         "vllm": vllm.__version__,
         "torch": torch.__version__,
@@ -116,18 +119,161 @@ def record_step(trace: dict[str, Any], output: Any, now: float) -> None:
         )
 
 
+SERVED_NAME = "specbench"
+"""The model name the server answers to."""
+
+
+def flags(engine_args: dict[str, Any]) -> list[str]:
+    """vLLM's command-line flags for engine arguments: ``--key-name value``, ``--key`` / ``--no-key`` for booleans,
+    JSON for mappings (the speculative config); None is left out (vLLM's default)."""
+    out = []
+    for key, value in engine_args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            out.append(flag if value else "--no-" + flag[2:])
+        else:
+            out += [flag, json.dumps(value) if isinstance(value, dict) else str(value)]
+    return out
+
+
+class Server:
+    """vLLM's OpenAI-compatible server on a free loopback port, for as long as the worker runs."""
+
+    def __init__(self, engine_args: dict[str, Any]):
+        import socket
+        import subprocess
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        args = {**engine_args}
+        command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.pop("model")]
+        command += ["--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", SERVED_NAME, *flags(args)]
+        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}  # serves /reset_prefix_cache (after the warm-up)
+        self.process = subprocess.Popen(command, stdout=sys.stderr, stderr=sys.stderr, env=env)
+        self.wait_until_ready()
+
+    def wait_until_ready(self, timeout_s: float = 900.0) -> None:
+        """Poll /health until the server answers (a RuntimeError if it exits or the time runs out)."""
+        import urllib.error
+        import urllib.request
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"vLLM's server exited with code {self.process.returncode} while starting")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5):
+                    return
+            except (urllib.error.URLError, OSError):
+                time.sleep(1.0)
+        raise RuntimeError(f"vLLM's server did not answer within {timeout_s:.0f} s")
+
+    def reset_prefix_cache(self) -> bool:
+        """Empty the server's prefix cache (its development-mode endpoint)."""
+        import urllib.request
+
+        with urllib.request.urlopen(
+            urllib.request.Request(f"http://127.0.0.1:{self.port}/reset_prefix_cache", method="POST"), timeout=60
+        ) as answer:
+            return answer.status == 200
+
+    def close(self) -> None:
+        """Stop the server."""
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=60)
+        except Exception:  # noqa: BLE001 (a server that does not stop is killed)
+            self.process.kill()
+
+
+def load(server: Server, request: dict[str, Any]) -> dict[str, Any]:
+    """Send every prompt of ``request`` to the server, ``concurrency`` at a time; reply as ``generate`` does."""
+    import asyncio
+
+    return asyncio.run(run_load(server, request))
+
+
+async def run_load(server: Server, request: dict[str, Any]) -> dict[str, Any]:
+    """The bounded load: a request starts whenever fewer than ``concurrency`` are in flight, until all are done."""
+    import asyncio
+
+    import aiohttp
+
+    gate = asyncio.Semaphore(request["concurrency"])
+    timeout = aiohttp.ClientTimeout(total=None)
+    began = time.perf_counter()
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        results = await asyncio.gather(
+            *(
+                one_request(session, gate, server.port, prompt, seed, request)
+                for prompt, seed in zip(request["prompts"], request["seeds"], strict=True)
+            )
+        )
+    return {"results": results, "wall_s": time.perf_counter() - began}
+
+
+async def one_request(session: Any, gate: Any, port: int, prompt: list[int], seed: int | None, request: dict) -> dict:
+    """One streamed completion of ``prompt``'s token ids: its output ids, time to first token, latency, spec record."""
+    greedy = request["temperature"] == 0
+    body = {
+        "model": SERVED_NAME,
+        "prompt": prompt,
+        "max_tokens": request["max_new_tokens"],
+        "temperature": request["temperature"],
+        "top_p": 1.0 if greedy else request["top_p"],
+        "seed": None if greedy else seed,
+        "stop_token_ids": request["stop_token_ids"],
+        "return_token_ids": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    async with gate:
+        start = time.perf_counter()
+        trace: dict[str, Any] = {"output_ids": [], "times": [], "spec": None, "finish_reason": None}
+        async with session.post(f"http://127.0.0.1:{port}/v1/completions", json=body) as response:
+            if response.status != 200:
+                raise RuntimeError(f"vLLM's server answered {response.status}: {await response.text()}")
+            async for line in response.content:
+                read_chunk(trace, line.decode().strip(), time.perf_counter() - start)
+    trace["times"] = [trace["times"][0], trace["times"][-1]]  # first token, last token
+    return trace
+
+
+def read_chunk(trace: dict[str, Any], line: str, now: float) -> None:
+    """Add one server-sent event of a streamed completion to the request's trace."""
+    if not line.startswith("data: ") or line == "data: [DONE]":
+        return
+    chunk = json.loads(line.removeprefix("data: "))
+    for choice in chunk.get("choices") or []:
+        if choice.get("token_ids"):
+            trace["output_ids"] += choice["token_ids"]
+            trace["times"].append(now)
+        if choice.get("finish_reason"):
+            trace["finish_reason"] = choice["finish_reason"]
+    speculative = (chunk.get("metrics") or {}).get("speculative_decoding")
+    if speculative:
+        trace["spec"] = {key: speculative.get(key) or [] for key in ("per_step_accepted", "per_step_drafted")}
+
+
 def serve(requests: TextIO, replies: TextIO) -> None:
     """Answer requests until ``stop`` or the end of input."""
     llm: Any = None  # the engine, once started
     for line in requests:
         request = json.loads(line)
         if request["op"] == "stop":
+            if isinstance(llm, Server):
+                llm.close()
             return
         try:
             if request["op"] == "start":
-                llm, reply = start(request["engine_args"])
+                llm, reply = start(request["engine_args"], request.get("server", False))
             elif request["op"] == "reset":
                 reply = {"reset": llm.reset_prefix_cache()}
+            elif isinstance(llm, Server):
+                reply = load(llm, request)
             else:
                 reply = generate(llm, request)
         except Exception as error:  # noqa: BLE001 (every failure goes back to the runner, which reports it)

@@ -4,6 +4,8 @@ runs vLLM itself)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -16,6 +18,7 @@ from specbench.vllm_engine import (
     drafted_per_step,
     engine_args,
     generation_of,
+    steps_of_record,
     vllm_methods,
     vllm_python,
 )
@@ -67,6 +70,25 @@ def test_a_worker_trace_becomes_the_loops_record():
     without_speculation = generation_of({**trace, "emitted": [1, 1, 1, 1, 1], "times": [0.1] * 5, "spec": None})
     assert without_speculation.draft_tokens == [0, 0, 0, 0]
     assert generation_of({**trace, "finish_reason": "length"}).stop_reason == "max_new_tokens"
+
+
+def test_a_served_request_gets_its_steps_from_vllms_record():
+    """The server's stream may merge steps: the steps that drafted come from vLLM's record (the last cut where the
+    output ends), one one-token step per token they leave, and no step times."""
+    trace = {
+        "output_ids": [5, 6, 7, 8, 9, 10, 2],
+        "finish_reason": "stop",
+        "times": [0.5, 2.0],
+        "spec": {"per_step_accepted": [2, 3], "per_step_drafted": [4, 4]},
+    }
+    gen = generation_of(trace)  # 6 tokens after the prefill: 3 from the first drafting step, 4 - 1 cut from the last
+    assert (gen.accept_lengths, gen.draft_tokens, gen.step_s) == ([3, 3], [4, 4], None)
+    assert (gen.prefill_s, gen.latency_s) == (0.5, 2.0)
+    plain = generation_of({**trace, "spec": None})
+    assert (plain.accept_lengths, plain.draft_tokens) == ([1] * 6, [0] * 6)
+    assert steps_of_record(7, [1], [3]) == ([1, 1, 1, 1, 2], [0, 0, 0, 0, 3])
+    with pytest.raises(ValueError, match="emits more than"):
+        steps_of_record(3, [3, 4], [5, 5])  # the first drafting step alone emits more than the output holds
 
 
 def test_a_batch_counts_its_wall_time_once():
@@ -130,10 +152,12 @@ def test_spede_runs_its_own_draft_in_vllm():
         (["engine=vllm", "method=pld", "budget=auto"], "budget=auto calibrates on the shared loop"),
         (["engine=vllm", "method=lade"], "has no vLLM counterpart; engine=vllm runs the methods ['ar', 'pld'"),
         (["engine=vllm", "model=tiny_llama"], "the tiny random model exists only in memory"),
+        (["concurrency=4"], "concurrency=4: the number of requests kept in flight against vLLM's server"),
+        (["engine=vllm", "concurrency=4", "batch_size=2"], "without batch_size"),
     ],
 )
 def test_settings_engine_vllm_cannot_run_are_refused_before_anything_loads(overrides, message):
-    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         cfg = compose_config(*overrides)
         validate(cfg)
         engine_args(cfg, 512)
@@ -163,3 +187,4 @@ def test_engine_settings_leave_the_digests_of_specbench_engines_alone():
 def test_vllm_runs_get_their_own_folders():
     assert compose_config("method=pld").output_dir.endswith("/pld-T0.0-n128")
     assert compose_config("method=pld", "engine=vllm", "batch_size=8").output_dir.endswith("/pld-T0.0-n128-vllm-b8")
+    assert compose_config("method=pld", "engine=vllm", "concurrency=4").output_dir.endswith("/pld-T0.0-n128-vllm-c4")

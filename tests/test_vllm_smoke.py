@@ -95,16 +95,20 @@ def test_vllm_equals_the_shared_loops_ar_at_batch_1_and_4(method, environment, l
         assert [gen.accept_lengths for gen in batched] == [record["accept_lengths"] for record in loop]
 
 
-def test_python_m_specbench_engine_vllm_runs_batched(environment, loop_ar, tmp_path):
-    """The command the README gives, batched: one summary and 4 records of batch 4, the AR's outputs."""
+def test_python_m_specbench_engine_vllm_runs_against_the_server(environment, loop_ar, tmp_path):
+    """The README's command, against vLLM's server with 2 requests in flight: the AR's outputs, records that add up
+    (the steps from vLLM's per-request record), the load's wall time shared among its 4 requests."""
     out = tmp_path / "pld"
-    command = [sys.executable, "-m", "specbench", *SETTINGS, "engine=vllm", "method=pld", "batch_size=4"]
-    done = subprocess.run([*command, f"output_dir={out}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    command = [sys.executable, "-m", "specbench", *SETTINGS, "engine=vllm", "method=pld", "concurrency=2"]
+    done = subprocess.run([*command, f"output_dir={out}"], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert [record["output_ids"] for record in records] == [record["output_ids"] for record in loop_ar]
-    assert {(record["batch_size"], record["batch_wall_s"]) for record in records} == {(4, records[0]["batch_wall_s"])}
+    for record in records:
+        assert record["new_tokens"] == 1 + sum(record["accept_lengths"]) and record["step_s"] is None
+        assert (record["batch_size"], record["batch_wall_s"]) == (PROMPTS, records[0]["batch_wall_s"])
+        assert 0 < record["prefill_s"] < record["wall_s"] <= record["batch_wall_s"]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["engine"]["name"] == "vllm" and summary["engine"]["batch_size"] == 4
+    assert (summary["engine"]["name"], summary["engine"]["concurrency"]) == ("vllm", 2)
     assert summary["engine"]["engine_args"]["speculative_config"]["method"] == "ngram"
     assert summary["engine"]["vllm"]  # the version vLLM's environment reported

@@ -30,6 +30,7 @@ MATCH_KEYS = [
     "repeat",
     "engine",
     "batch_size",
+    "concurrency",
     "session",
     "prompt_format",
     "target",
@@ -270,8 +271,8 @@ def engine_pairs(runs: pd.DataFrame) -> pd.DataFrame:
     """Each vLLM run beside the run of specbench's own loop (batch 1) of the same method and setting: columns
     ``run_dir`` (hf) and ``vllm_run_dir``, the vLLM run's ``batch_size``, and each one's AR partner."""
     partners = _ar_partners(runs)
-    own = runs[(runs["engine"] == "hf") & (runs["batch_size"] == 1)][["run_dir", *CROSS_KEYS]]
-    served = runs[runs["engine"] == "vllm"][["run_dir", "batch_size", *CROSS_KEYS]].rename(
+    own = runs[(runs["engine"] == "hf") & (runs["batch_size"] == 1)][["run_dir", *CROSS_KEYS]]  # the loop's runs
+    served = runs[runs["engine"] == "vllm"][["run_dir", "batch_size", "concurrency", *CROSS_KEYS]].rename(
         columns={"run_dir": "vllm_run_dir"}
     )
     pairs = own.merge(served, on=CROSS_KEYS)

@@ -41,16 +41,21 @@ BATCH_PANELS = {"speedup": "speedup over AR at the same batch size", "tokens_per
 
 
 def batch_figure(table: pd.DataFrame, title: str) -> Figure:
-    """Speedup and tokens per step against the batch size, one line per method and engine of a ``batch`` table."""
+    """Speedup and tokens per step against the batch size (or the concurrency, for runs against a server), one line
+    per method and engine of a ``batch`` table."""
     fig = Figure(figsize=(10, 3.8), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, len(BATCH_PANELS), sharex=True)
+    served = bool((table["concurrency"] > 0).all())
+    x = "concurrency" if served else "batch_size"
+    xlabel = "concurrency (requests in flight)" if served else "batch size (requests generated together)"
+    ticks = sorted(table[x].unique())
     for ax, (column, label) in zip(axes, BATCH_PANELS.items(), strict=True):
         for (method, engine), rows in table.groupby(["method", "engine"], sort=False):
-            rows = rows.sort_values("batch_size")
-            ax.plot(rows["batch_size"], rows[column], marker="o", label=f"{method} ({engine})")
-        ax.set(title=label, xlabel="batch size (requests generated together)", xscale="log", ylabel=column)
-        ax.set_xticks(sorted(table["batch_size"].unique()), [str(n) for n in sorted(table["batch_size"].unique())])
+            rows = rows.sort_values(x)
+            ax.plot(rows[x], rows[column], marker="o", label=f"{method} ({engine})")
+        ax.set(title=label, xlabel=xlabel, xscale="log", ylabel=column)
+        ax.set_xticks(ticks, [str(n) for n in ticks])
         ax.grid(alpha=0.3)
     axes[0].axhline(1.0, color="grey", linewidth=0.8)
     axes[0].legend(fontsize=8)

@@ -37,6 +37,7 @@ RUN_COLUMNS = [
     "repeat",
     "engine",
     "batch_size",
+    "concurrency",
     "lossless",
     "status",
     "n_samples",
@@ -175,6 +176,7 @@ class SummaryEngine:
 
     name: str = "hf"
     batch_size: int = 1
+    concurrency: int | None = None
 
 
 @dataclass
@@ -233,6 +235,7 @@ def _identity(run_dir: Path, summary: dict) -> dict:
         "repeat": summary.get("repeat", 0),
         "engine": engine.get("name", "hf"),  # runs before engine= existed: specbench's own, one at a time
         "batch_size": engine.get("batch_size", 1),
+        "concurrency": engine.get("concurrency") or 0,  # 0: offline (batches), as runs before concurrency= were
         "lossless": summary["lossless"],
         "status": summary["status"],
         "n_samples": summary["n_samples"],

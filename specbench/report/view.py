@@ -96,6 +96,7 @@ BATCH_COLUMNS = [
     "method",
     "engine",
     "batch_size",
+    "concurrency",
     "n_samples",
     "tokens_per_step",
     "throughput_total",

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import subprocess
+from datetime import datetime, timezone
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -61,6 +64,15 @@ def cudnn_attention(device: torch.device) -> bool | None:
     return os.environ.get(CUDNN_ATTENTION_ENV) == "1" if device.type == "cuda" else None
 
 
+@cache
+def measuring_session() -> str:
+    """This process's measuring session, ``<UTC start>-<machine>-<pid>`` (the machine: 6 hex digits of a digest of
+    the host name): every record a process times carries it, so a speedup is only ever a ratio of times taken in
+    one sitting on one machine (``report.compare``'s same-session pairing)."""
+    machine = hashlib.sha256(platform.node().encode()).hexdigest()[:6]
+    return f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{machine}-{os.getpid()}"
+
+
 def capture(device: torch.device, dtype: torch.dtype) -> dict:
     """Everything a reader needs to judge a timing: hardware, threads, library versions (the whole runtime
     dependency set and its match with the lock), code state."""
@@ -79,6 +91,7 @@ def capture(device: torch.device, dtype: torch.dtype) -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "transformers": transformers.__version__,
+        "measuring_session": measuring_session(),
         **git_state(),
         **dependencies.capture(),
     }

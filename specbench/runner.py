@@ -322,13 +322,13 @@ class Runner:
 
     def run(self) -> Path:
         """Generate every pending sample, writing records and the summary after each one."""
-        if not self._pending() and (self.store.previous_summary or {}).get("status") == "complete":
+        if self.done():
             print(f"[specbench] {self.store.dir} is complete ({len(self.samples)} sample(s)); nothing to run")
             return self.store.dir  # NOTE: no model load, no lock, and the stored files stay byte for byte
         status = "failed"
         try:
             self.open()
-            pending = self._pending()  # again: the folder is ours now, and reloaded
+            pending = self.pending()  # again: the folder is ours now, and reloaded
             if len(pending) < len(self.samples):
                 print(
                     f"[specbench] resuming {self.store.dir}: {len(self.samples) - len(pending)} "
@@ -344,9 +344,13 @@ class Runner:
             self.finish(status)
         return self.store.dir
 
-    def _pending(self) -> list[Sample]:
+    def pending(self) -> list[Sample]:
         """The samples not yet finished in the output folder."""
         return [s for s in self.samples if s.sample_id not in self.store.finished_ids]
+
+    def done(self) -> bool:
+        """Whether the output folder holds this run complete: nothing to load, lock or write."""
+        return not self.pending() and (self.store.previous_summary or {}).get("status") == "complete"
 
     def open(self) -> None:
         """Load the model unless one was given, then become the folder's writer (lock). Nothing is written before
@@ -579,6 +583,7 @@ class Runner:
             **{f"{key}_s": rounded(getattr(gen, f"{key}_s")) for key in ("step", *PHASES)},
             "energy_j": None if energy is None else energy / size,
             "stop_reason": gen.stop_reason,
+            "measuring_session": environment.measuring_session(),
             "drafter_stats": self.engine.stats(),
         }
 

@@ -7,16 +7,17 @@ A run directory holds:
 - ``config.yaml``: the Hydra-resolved config of the run, its config digest on the first line.
 
 Bump ``SCHEMA_VERSION`` whenever a field changes meaning; readers check it. Readers still read
-``specbench.samples/1`` records (before the step breakdown), ``/2`` (before ``prompt_sha``) and ``/3``
-(before the tree depth, side branch and energy traces): ``upgrade_record`` fills the fields added since
-with null (not measured; a null prompt digest pairs as before, on sample id and turn alone).
+``specbench.samples/1`` records (before the step breakdown), ``/2`` (before ``prompt_sha``), ``/3``
+(before the tree depth, side branch and energy traces) up to ``/6`` (before ``measuring_session``):
+``upgrade_record`` fills the fields added since with null (not measured; a null prompt digest pairs as before, on
+sample id and turn alone; a null session pairs with nothing in the reproduction's tables).
 """
 
 from __future__ import annotations
 
 from typing import TypeGuard
 
-SCHEMA_VERSION = "specbench.samples/6"
+SCHEMA_VERSION = "specbench.samples/7"
 SUMMARY_VERSION = "specbench.summary/1"
 
 PHASES = ("draft", "verify", "accept", "update")
@@ -64,6 +65,9 @@ SAMPLE_FIELDS: dict[str, str] = {
     "energy_j": "joules the energy counter read over the generation (NVML on GPU, RAPL on CPU; in a batch, the "
     "batch's joules over its size), null where none is readable (the summary's environment.energy says why)",
     "stop_reason": "'eos' or 'max_new_tokens'",
+    "measuring_session": "the measuring session that timed it (environment.measuring_session: UTC start, machine, "
+    "process): the reproduction's tables divide only times of one session (null: written before sessions were "
+    "recorded)",
     "drafter_stats": "the drafter's stats() after this turn (pool sizes, hit rates, ...)",
 }
 
@@ -116,6 +120,8 @@ SUMMARY_FIELDS: dict[str, str] = {
 }
 
 
+SESSION_FIELDS = ("measuring_session",)
+"""The fields ``specbench.samples/7`` added."""
 BATCH_FIELDS = ("batch_size", "batch_wall_s")
 """The fields ``specbench.samples/6`` added."""
 WIDTH_FIELDS = ("verify_tokens",)
@@ -128,7 +134,9 @@ ADDED_FIELDS: dict[str, tuple[str, ...]] = {
     "specbench.samples/3": (*TRACED_FIELDS, *BATCH_FIELDS),
     "specbench.samples/4": (*WIDTH_FIELDS, *BATCH_FIELDS),
     "specbench.samples/5": BATCH_FIELDS,
+    "specbench.samples/6": (),
 }
+ADDED_FIELDS = {schema: (*fields, *SESSION_FIELDS) for schema, fields in ADDED_FIELDS.items()}
 """Per readable older schema: the SAMPLE_FIELDS its records lack (null when read)."""
 
 
@@ -146,6 +154,7 @@ FIELD_TYPES: dict[str, str] = {
     "prefill_s": "seconds",
     "energy_j": "optional number",
     "output_text": "optional string",
+    "measuring_session": "optional string",
     "side_branch": "optional list of booleans",
     **dict.fromkeys(NUMBER_LISTS, "optional list of numbers"),
     **dict.fromkeys(INTEGER_LISTS, "optional list of integers"),

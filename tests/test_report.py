@@ -126,6 +126,56 @@ def test_other_hardware_is_not_a_baseline():
     assert math.isnan(_row(compare.match_ar(moved, samples), "fake_humaneval")["speedup"])
 
 
+def with_sessions(samples: pd.DataFrame, fake: str, ar: str) -> pd.DataFrame:
+    """The samples with fake_humaneval's records in session ``fake`` and ar_humaneval's in ``ar``."""
+    names = samples["run_dir"].map(lambda path: Path(path).name)
+    session = names.map({"fake_humaneval": fake, "ar_humaneval": ar})
+    return samples.assign(measuring_session=session.where(session.notna(), None))
+
+
+def test_same_session_pairing_refuses_an_ar_partner_timed_in_another_session_or_machine():
+    """The reproduction's rule: a speedup divides times of one session. An AR partner of another session (or
+    machine) gives no speedup nor overhead, with the reason; the same session pairs as before."""
+    runs, samples = read.load([RUNS])
+    one = with_sessions(samples, "20260101T000000Z-aaaaaa-1", "20260101T000000Z-aaaaaa-1")
+    fake = _row(compare.match_ar(runs, one, same_session=True), "fake_humaneval")
+    assert fake["speedup"] == pytest.approx(2.0) and fake["pairing"] == "" and fake["overhead"] == pytest.approx(0.9)
+    for ar_session, where in (
+        ("20260102T000000Z-aaaaaa-2", "in another session"),
+        ("20260101T000000Z-bbbbbb-1", "on another machine"),
+    ):
+        apart = with_sessions(samples, "20260101T000000Z-aaaaaa-1", ar_session)
+        refused = _row(compare.match_ar(runs, apart, same_session=True), "fake_humaneval")
+        assert math.isnan(refused["speedup"]) and math.isnan(refused["overhead"]) and refused["n_common"] == 0
+        assert refused["pairing"] == f"3 of 3 samples' AR partner timed {where}"
+        assert _row(compare.match_ar(runs, apart), "fake_humaneval")["speedup"] == pytest.approx(2.0)  # the report's
+    unrecorded = _row(compare.match_ar(runs, samples, same_session=True), "fake_humaneval")  # fixture: no sessions
+    assert math.isnan(unrecorded["speedup"]) and "no measuring session recorded" in unrecorded["pairing"]
+    ar = _row(compare.match_ar(runs, samples, same_session=True), "ar_humaneval")
+    assert ar["speedup"] == 1.0 and ar["pairing"] == ""  # an AR run with itself: one record each
+    assert (
+        compare.paired_samples(runs, samples, same_session=True)["run_dir"]
+        .map(lambda p: Path(p).name)
+        .eq("ar_humaneval")
+        .all()
+    )
+
+
+def test_a_resumed_session_keeps_the_pairs_timed_together():
+    """Samples of one run timed in two sittings pair with the AR samples of their own sitting; the one whose AR
+    partner was timed in the other sitting is left out of the speedup, and the reason counts it."""
+    runs, samples = read.load([RUNS])
+    names = samples["run_dir"].map(lambda path: Path(path).name)
+    first, second = "20260101T000000Z-aaaaaa-1", "20260101T010000Z-aaaaaa-2"
+    session = pd.Series(first, index=samples.index).where(samples["sample_id"] != "s2", second)
+    session = session.where(~((names == "ar_humaneval") & (samples["sample_id"] == "s1")), second)
+    matched = compare.match_ar(runs, samples.assign(measuring_session=session), same_session=True)
+    fake = _row(matched, "fake_humaneval")
+    assert fake["n_common"] == 2 and fake["pairing"] == "1 of 3 samples' AR partner timed in another session"
+    assert fake["speedup"] == pytest.approx((4 + 3) / 0.35 / ((4 + 3) / 0.7))  # s0 and s2 only
+    assert math.isnan(fake["overhead"])  # a run-level ratio: only when every pair was timed together
+
+
 def test_a_run_kept_to_some_categories_pairs_with_the_ar_run_of_the_same_categories():
     """An AR run of the same categories (dataset.categories) is preferred over a larger AR run of every one."""
     runs, samples = read.load([RUNS])

@@ -13,6 +13,7 @@ import torch
 
 from specbench.config import compose_config as compose_run
 from specbench.config import group_options
+from specbench.environment import measuring_session
 from specbench.errors import ConfigError, DataUnavailable, RunConflict
 from specbench.runner import Runner, config_digest
 from specbench.schema import SUMMARY_FIELDS, validate_record
@@ -39,7 +40,9 @@ def test_run_writes_schema_fields(tmp_path):
         validate_record(record)
         assert record["new_tokens"] == len(record["output_ids"]) == 12
         assert sum(record["accept_lengths"]) == record["new_tokens"] - 1 == record["target_forwards"]
+        assert record["measuring_session"] == measuring_session()  # this process: one sitting, one machine
     summary = json.loads((out / "summary.json").read_text())
+    assert summary["environment"]["measuring_session"] == measuring_session()
     assert set(SUMMARY_FIELDS) - {"n_records"} <= set(summary)
     assert summary["status"] == "complete" and summary["n_samples"] == 3
     assert summary["repeat"] == 0 and summary["peak_memory"]["bytes"] > 0

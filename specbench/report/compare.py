@@ -38,7 +38,7 @@ MATCH_KEYS = [
 # A record's key within its run; ``repeat`` tells apart the repeats that ``merge_repeats`` puts in one run.
 SAMPLE_KEY = ["sample_id", "turn", "repeat"]
 BOOTSTRAP_SAMPLES = 1000
-AR_SIDE = ["run_dir", "new_tokens", "wall_s", "machine_s", "output_ids", "prompt_sha"]
+AR_SIDE = ["run_dir", "new_tokens", "wall_s", "machine_s", "output_ids", "prompt_sha", "measuring_session"]
 DIVERGENCE_COLUMNS = [
     "run_dir",
     "ar_run_dir",
@@ -99,6 +99,45 @@ def _pair_with(samples: pd.DataFrame, partners: pd.Series) -> pd.DataFrame:
     return pairs.assign(first_divergence=divergence, exact_match=[d == -1 for d in divergence])
 
 
+def in_one_session(pairs: pd.DataFrame) -> pd.Series:
+    """Per sample pair: whether both records carry the same measuring session (one process, one machine, one
+    sitting: ``environment.measuring_session``; records written before sessions were recorded carry none), or are
+    one record (an AR run paired with itself)."""
+    same = pairs["measuring_session"].notna() & (pairs["measuring_session"] == pairs["ar_measuring_session"])
+    return same | (pairs["run_dir"] == pairs["ar_run_dir"])
+
+
+def session_machine(session) -> str:
+    """The machine part of a measuring session id (``<UTC start>-<machine>-<pid>``)."""
+    parts = str(session).split("-")
+    return parts[1] if len(parts) >= 3 else str(session)
+
+
+def pairing_problems(runs: pd.DataFrame, pairs: pd.DataFrame) -> pd.Series:
+    """Per run: why its speedup would divide times of two sessions or machines, "" when every sample pair with its AR
+    partner (``pairs``, from ``_pair_with``) was timed in one session."""
+    own, theirs = pairs["measuring_session"], pairs["ar_measuring_session"]
+    apart = pairs.assign(
+        apart=~in_one_session(pairs),
+        unknown=own.isna() | theirs.isna(),
+        machine=[session_machine(a) != session_machine(b) for a, b in zip(own, theirs)],
+    )
+    apart = apart.assign(machine=apart["machine"] & apart["apart"] & ~apart["unknown"])
+    per_run = apart.groupby("run_dir")[["apart", "unknown", "machine"]].agg(["sum", "size"])
+    problems = {}
+    for run_dir, row in per_run.iterrows():
+        count, total = int(row[("apart", "sum")]), int(row[("apart", "size")])
+        if not count:
+            problems[run_dir] = ""
+        elif row[("unknown", "sum")] == total:
+            problems[run_dir] = "no measuring session recorded (timed before sessions were recorded)"
+        else:
+            where = "on another machine" if row[("machine", "sum")] else "in another session"
+            problems[run_dir] = f"{count} of {total} samples' AR partner timed {where}"
+    missing = "no sample in common with an AR run of the same setting"
+    return runs["run_dir"].map(problems).fillna(missing).astype(str)
+
+
 def _same_prompts(pairs: pd.DataFrame) -> pd.DataFrame:
     """The pairs whose two samples answered the same prompt tokens (a missing digest, from older runs, passes);
     the others are left out with a warning naming the runs."""
@@ -144,26 +183,33 @@ def _over_ar(matched: pd.DataFrame, runs: pd.DataFrame, column: str) -> pd.Serie
     return pd.to_numeric(matched[column]) / matched["ar_run_dir"].map(values)
 
 
-def match_ar(runs: pd.DataFrame, samples: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Runs plus ar_run_dir, overhead, n_common, speedup, speedup_mean, exact_match_rate vs AR (NaN: none).
+def match_ar(runs: pd.DataFrame, samples: pd.DataFrame | None = None, same_session: bool = False) -> pd.DataFrame:
+    """Runs plus ar_run_dir, overhead, n_common, speedup, speedup_mean, exact_match_rate vs AR (NaN: none) and
+    ``pairing`` (``pairing_problems``: "" when every sample pair was timed in one session).
 
     Overhead (Medusa's term) = step latency / the AR run's step latency, so speedup ~ tokens per
     step / overhead. With the cost model's columns (``metrics.cost_metrics``), also ``modelled_speedup``: the AR
-    run's modelled ms per token over this run's (the speedup the cost model gives this run's own steps).
+    run's modelled ms per token over this run's (the speedup the cost model gives this run's own steps). With
+    ``same_session`` (the reproduction's rule), speedup and exact match count only the sample pairs timed in one
+    session, and the run-level ratios (overhead, modelled speedup) only runs whose every pair was.
     """
     partners = _ar_partners(runs)
     pairs = _pair_with(_samples_of(runs, samples), partners)
-    matched = runs.assign(ar_run_dir=runs["run_dir"].map(partners))
-    matched = matched.assign(overhead=_over_ar(matched, runs, "step_latency_s"))
+    matched = runs.assign(ar_run_dir=runs["run_dir"].map(partners), pairing=pairing_problems(runs, pairs))
+    apart = matched["pairing"].ne("") & same_session
+    matched = matched.assign(overhead=_over_ar(matched, runs, "step_latency_s").mask(apart))
     if "modelled_ms_per_token" in runs:
-        matched = matched.assign(modelled_speedup=1 / _over_ar(matched, runs, "modelled_ms_per_token"))
-    matched = matched.merge(_agreement(pairs), left_on="run_dir", right_index=True, how="left")
+        matched = matched.assign(modelled_speedup=(1 / _over_ar(matched, runs, "modelled_ms_per_token")).mask(apart))
+    kept = pairs[in_one_session(pairs)] if same_session else pairs
+    matched = matched.merge(_agreement(kept), left_on="run_dir", right_index=True, how="left")
     return matched.fillna({"n_common": 0}).astype({"n_common": int})
 
 
-def paired_samples(runs: pd.DataFrame, samples: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Each sample of each run beside the same sample of its AR baseline (AR self-pairs included)."""
-    return _pair_with(_samples_of(runs, samples), _ar_partners(runs))
+def paired_samples(runs: pd.DataFrame, samples: pd.DataFrame | None = None, same_session: bool = False) -> pd.DataFrame:
+    """Each sample of each run beside the same sample of its AR baseline (AR self-pairs included); with
+    ``same_session`` only the pairs timed in one measuring session (``in_one_session``)."""
+    pairs = _pair_with(_samples_of(runs, samples), _ar_partners(runs))
+    return pairs[in_one_session(pairs)] if same_session else pairs
 
 
 def divergences(runs: pd.DataFrame, samples: pd.DataFrame | None = None) -> pd.DataFrame:

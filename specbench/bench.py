@@ -215,26 +215,34 @@ def run_round(runners: dict[str, Runner], bar: tqdm, round_index: int) -> None:
 
 
 def run_phase(runners: dict[str, Runner], bar: tqdm, round_index: int) -> None:
-    """Warm up and build every entry's engine, then run every batch through every entry, order rotating."""
-    labels = list(runners)
-    first = next(iter(runners.values()))
+    """Warm up and build the engine of every entry with samples left, then run every batch through those entries,
+    order rotating from batch to batch. An entry skips the samples its folder holds (a resumed reproduction
+    session); an entry whose folder holds its run complete is not opened (its files stay byte for byte)."""
+    active = {label: runner for label, runner in runners.items() if not runner.done()}
+    if not active:
+        return
+    labels = list(active)
+    first = next(iter(active.values()))
     samples = first.samples
     status = "failed"
     try:
-        for runner in runners.values():
+        for runner in active.values():
             runner.open()
-            runner.start_engine(samples[0] if samples else None)
+            pending = runner.pending()  # again: the folder is ours now, and reloaded
+            runner.start_engine(pending[0] if pending else None)
         for i, batch in enumerate(first.batches(samples)):
             shift = (i + round_index) % len(labels)
             for label in labels[shift:] + labels[:shift]:
-                runners[label].run_batch(batch)
-                bar.update(len(batch))
+                left = [sample for sample in batch if sample.sample_id not in active[label].store.finished_ids]
+                if left:
+                    active[label].run_batch(left)
+            bar.update(len(batch) * len(active))
         status = "complete"
     except KeyboardInterrupt:
         status = "interrupted"
         raise
     finally:
-        for runner in runners.values():
+        for runner in active.values():
             runner.finish(status)
 
 

@@ -74,7 +74,7 @@ def test_lade_13b_rows_run_the_13b_setting(paper_jobs):
 
 
 def test_pia_readme_jobs_warm_up_from_their_own_dataset(paper_jobs):
-    jobs = [job for job in paper_jobs if job.experiment == "r5_pia_readme"]
+    jobs = [job for job in paper_jobs if job.experiment == "r5_pia_readme" and job.method != "ar"]
     assert {job.setting for job in jobs} == {
         f"method.drafter.branch_length=8;method.drafter.warmup.dataset={name}" for name in ("dolly", "gsm8k")
     }

@@ -4,8 +4,9 @@ Every job of a plan (every point of every experiment's sweep) is composed here w
 and reduced to what a table matches a paper row on: model, dataset, method, temperature and the
 knobs the job sets away from its method's defaults (``setting``, the same text the stored runs get
 from ``results.changed_knobs``). A row is *filled* when at least one job matches it (and, for
-speedup and overhead, an AR job with the same model, dataset, temperature, budget and repeat exists
-to pair with); otherwise it must carry a reason in its ``unfillable`` column (private data, a model
+speedup and overhead, an AR job of the same experiment, i.e. timed in the same session, with the same model,
+dataset, temperature, budget and repeat exists to pair with); otherwise it must carry a reason in its
+``unfillable`` column (private data, a model
 nobody published, a method this harness does not implement, ...). ``python -m specbench.reproduce
 list --scale paper --coverage`` prints the list; tests/test_reproduce_coverage.py requires that no
 row is left without a job or a reason, and that no filled row keeps a stale reason.
@@ -23,13 +24,13 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from specbench.config import CONF_DIR, compose_config, suffix
-from specbench.reproduce.plan import Plan, sweep_jobs
+from specbench.reproduce.plan import Plan, experiment_jobs
 from specbench.reproduce.results import default_knobs, flatten, setting_text
 from specbench.reproduce.tables import CATEGORY_KEY, MEASURED_METRICS, draft_measured, parse_setting
 from specbench.runner import config_digest, without_locations
 
 PAIRED_METRICS = ("speedup", "overhead")
-"""Metrics that need the AR run of the same model, dataset, temperature, budget and repeat."""
+"""Metrics that need the AR run of the same session (experiment), model, dataset, temperature, budget and repeat."""
 STATUSES = ("filled", "unfillable", "missing", "stale reason")
 
 
@@ -52,7 +53,7 @@ class Job:
     sample_size: int | None  # the dataset config's subsample (None: its whole evaluated split)
     lossless: bool
     changes_target: str | None  # the model a fine-tuned checkpoint (Medusa-2) changes, if any
-    folder: str  # the run folder under results_root (model/dataset/T<T>-n<tokens>/<swept overrides>)
+    folder: str  # the run folder under results_root (experiment/model/dataset/T<T>-n<tokens>/<swept overrides>)
     digest: str  # the run's configuration digest (as the runner computes it, on a CPU in float32)
 
 
@@ -75,15 +76,16 @@ def job_config(job: list[str]) -> DictConfig:
 
 
 def run_folder(cfg: DictConfig, overrides: list[str]) -> str:
-    """``<model>/<dataset>[@<protocol>]/T<temperature>-n<max_new_tokens>/<override dirname>``, as the scales'
-    output_dir."""
+    """``<experiment>/<model>/<dataset>[@<protocol>]/T<temperature>-n<max_new_tokens>/<override dirname>``, as the
+    scales' output_dir."""
     excluded = set(
         OmegaConf.select(cfg, "hydra.job.config.override_dirname.exclude_keys", default=None) or _scale_exclude_keys()
     )
     parsed = OverridesParser.create().parse_overrides(overrides)
     dirname = ",".join(sorted(str(o.input_line) for o in parsed if o.key_or_group not in excluded))
     protocol = suffix("@", cfg.get("protocol"))
-    return f"{cfg.model.name}/{cfg.dataset.name}{protocol}/T{cfg.temperature}-n{cfg.max_new_tokens}/{dirname}"
+    budget = f"T{cfg.temperature}-n{cfg.max_new_tokens}"
+    return f"{cfg.experiment}/{cfg.model.name}/{cfg.dataset.name}{protocol}/{budget}/{dirname}"
 
 
 @cache
@@ -124,9 +126,10 @@ def job_of(experiment: str, overrides: list[str]) -> Job:
 
 
 def plan_jobs(plan: Plan, only: list[str] | None = None) -> list[Job]:
-    """Every job of the plan's experiments (or of ``only``), in plan order."""
+    """Every job of the plan's experiments (or of ``only``), their AR partners included (``experiment_jobs``), in
+    plan order."""
     names = [name for name in plan.experiments if not only or name in only]
-    return [job_of(name, overrides) for name in names for overrides in sweep_jobs(plan.scale, name)]
+    return [job_of(name, overrides) for name in names for overrides in experiment_jobs(plan.scale, name)]
 
 
 def folder_conflicts(jobs: list[Job]) -> dict[str, list[str]]:
@@ -167,7 +170,7 @@ def row_jobs(row: pd.Series, jobs: pd.DataFrame, stand_in: str | None = None) ->
     ]
     if row["metric"] in PAIRED_METRICS and len(same):
         ar = jobs[jobs["method"] == "ar"]
-        keys = ["model", "dataset", "temperature", "top_p", "max_new_tokens", "repeat"]
+        keys = ["experiment", "model", "dataset", "temperature", "top_p", "max_new_tokens", "repeat"]  # one session
         same = same.merge(ar[keys].drop_duplicates(), on=keys)
     return same
 

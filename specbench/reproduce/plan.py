@@ -1,9 +1,10 @@
 """A reproduction plan (``conf/reproduce/<scale>.yaml``): which experiments run, in what order, and where.
 
-Each experiment is a Hydra multirun (``python -m specbench -m +experiment=<scale>/<name>``) run in a
-child process, so its launcher, sweeper and resume logic are exactly the command line's. Runs that
-are already complete in ``results_root`` are resumed (nothing pending: no generation), so rerunning
-a plan only does the missing work.
+Each experiment is one measuring session (``python -m specbench.reproduce.session``, ``specbench.reproduce.session``)
+run in a child process: its sweep's jobs (``sweep_jobs``, the Cartesian product Hydra's sweeper would run) and the
+AR partner of each group of them (``with_partners``), on one loaded model, prompts interleaved. Runs that are
+already complete in ``results_root`` are resumed (nothing pending: no generation), so rerunning a plan only does the
+missing work.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from specbench.config import CONF_DIR, compose_config
+from specbench.config import CONF_DIR, compose_config, find_config, is_group
 from specbench.errors import ConfigError, UserError
 from specbench.paths import workspace
 
@@ -40,6 +41,7 @@ class Plan:
     profile_models: tuple[str, ...]
     profile_overrides: tuple[str, ...]
     stand_in_model: str | None
+    sequential: tuple[str, ...]
     results_root: Path
     tables_dir: Path
     figures_dir: Path
@@ -76,6 +78,7 @@ def load_plan(scale: str, root: Path | None = None) -> Plan:
         tuple(spec.profile.models),
         tuple(spec.profile.overrides),
         spec.stand_in_model,
+        tuple(spec.get("sequential") or ()),
         root / spec.results_root,
         root / spec.tables_dir,
         root / spec.figures_dir,
@@ -93,13 +96,14 @@ def select(plan: Plan, only: list[str] | None) -> list[str]:
 
 
 def experiment_command(plan: Plan, name: str, overrides: list[str]) -> list[str]:
-    """The command line that runs one experiment as a Hydra multirun."""
+    """The command line that runs one experiment as a measuring session (``specbench.reproduce.session``)."""
+    order = ["--sequential"] if name in plan.sequential else []
     return [
         sys.executable,
         "-m",
-        "specbench",
-        "--multirun",
-        f"+experiment={plan.scale}/{name}",
+        "specbench.reproduce.session",
+        f"{plan.scale}/{name}",
+        *order,
         f"results_root={plan.results_root}",
         *overrides,
     ]
@@ -168,3 +172,47 @@ def sweep_jobs(scale: str, name: str) -> list[list[str]]:
         for o in parsed
     ]
     return [[f"+experiment={scale}/{name}", *job] for job in itertools.product(*axes)]
+
+
+AR_OVERRIDES = ("method=ar",)
+"""What an AR partner job sets instead of its group's method overrides."""
+METHOD_KEYS = ("method", "budget")
+"""Overrides that choose or size the method (``method=...``, ``method.drafter.nodes=...``, ``budget=...``)."""
+
+
+def sets_method(override: str) -> bool:
+    """Whether a job override chooses or configures the method: ``method``/``budget`` keys and their sub-keys, and
+    a group whose options are packaged into the method node (``+self_draft_cache=both``: ``# @package method...``)."""
+    parsed = OverridesParser.create().parse_override(override)
+    key = parsed.key_or_group
+    if key in METHOD_KEYS or key.startswith(tuple(f"{k}." for k in METHOD_KEYS)):
+        return True
+    if not is_group(key):
+        return False
+    path = find_config(key, str(parsed.value()))
+    first = path.read_text().splitlines()[0] if path else ""
+    return first.startswith("# @package method")
+
+
+def partner_job(job: list[str]) -> list[str]:
+    """The AR partner of a job: the same experiment, model, dataset, temperature, repeat and the rest of the run
+    settings, with AR for the method (what a speedup divides by, timed in the same session)."""
+    return [override for override in job if not sets_method(override)] + list(AR_OVERRIDES)
+
+
+def with_partners(jobs: list[list[str]]) -> list[list[str]]:
+    """The jobs and, after them, the AR partner of every group of jobs (``partner_job``) that does not hold its AR
+    job already, once each: every speedup of an experiment then divides times of its own session."""
+    present = {tuple(sorted(job)) for job in jobs}
+    partners: dict[tuple[str, ...], list[str]] = {}
+    for job in jobs:
+        partner = partner_job(job)
+        key = tuple(sorted(partner))
+        if key not in present:
+            partners.setdefault(key, partner)
+    return [*jobs, *partners.values()]
+
+
+def experiment_jobs(scale: str, name: str) -> list[list[str]]:
+    """Every job one experiment's session runs: its sweep and the AR partners it needs."""
+    return with_partners(sweep_jobs(scale, name))

@@ -1,29 +1,28 @@
 """A synthetic results folder laid out exactly as the runner writes one, for the reproduce builders' tests.
 
-``write_fixture_results(root)`` writes one run folder per job of every experiment of a scale
-(``<model>/<dataset>/T<temperature>-n<max_new_tokens>/<override dirname>`` with ``summary.json`` and
-``samples.jsonl``) and a latency profile CSV per profiled model. Every number is drawn from an RNG
-seeded by ``seed`` and the run folder, so the same call writes the same bytes. AR runs emit one token
+``write_fixture_results(root)`` writes one run folder per job of every experiment of a scale, AR partners
+included (``<experiment>/<model>/<dataset>/T<temperature>-n<max_new_tokens>/<override dirname>`` with
+``summary.json`` and ``samples.jsonl``, every experiment one measuring session, as ``reproduce.session`` writes
+them; ``sessions=False``: as runs stored before sessions were recorded) and a latency profile CSV per profiled
+model. Every number is drawn from an RNG seeded by ``seed`` and the run folder, so the same call writes the same
+bytes. AR runs emit one token
 per step; the other methods 1.5-3 tokens per step at a per-run step overhead, so speedups vary;
 lossless methods reproduce the AR output of the same sample (exact match 1), lossy ones diverge.
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
-from functools import cache
 from pathlib import Path
 
 import numpy as np
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
-from specbench.config import CONF_DIR, compose_config, suffix
 from specbench.metrics import run_summary
 from specbench.profile import CSV_FIELDS, MASKS, write_csv
-from specbench.reproduce.plan import experiment_names, load_plan, sweep_jobs
+from specbench.reproduce.coverage import job_config, run_folder
+from specbench.reproduce.plan import experiment_jobs, experiment_names, load_plan, partner_job
 from specbench.runner import config_fields
 from specbench.schema import SCHEMA_VERSION
 
@@ -57,36 +56,6 @@ def rng_for(seed: int, *parts) -> np.random.Generator:
     """A generator seeded by ``seed`` and the text of ``parts`` (stable across processes, unlike hash())."""
     digest = hashlib.sha256("/".join(map(str, [seed, *parts])).encode()).digest()
     return np.random.default_rng(int.from_bytes(digest[:8], "little"))
-
-
-@cache
-def _composed(groups: tuple[str, ...]) -> DictConfig:
-    """The composed config (hydra node kept) of the group-selecting overrides of a job, cached."""
-    return compose_config(*groups, hydra_node=True)
-
-
-def job_config(job: list[str]) -> tuple[DictConfig, str]:
-    """A job's config and its run-folder name (Hydra's override_dirname of the job's overrides).
-
-    Only overrides that pick a config group (experiment, model, method, dataset) are composed (and
-    cached); the value overrides (``method.drafter.nodes=10``, ``temperature=0.5``) are set on a copy.
-    """
-    overrides = OverridesParser.create().parse_overrides(job)
-    groups = tuple(o.input_line for o in overrides if (CONF_DIR / o.key_or_group).is_dir())
-    cfg = copy.deepcopy(_composed(groups))
-    with open_dict(cfg):  # `+key=value` overrides add keys (dataset.categories)
-        for override in overrides:
-            if not (CONF_DIR / override.key_or_group).is_dir():
-                OmegaConf.update(cfg, override.key_or_group, override.value(), merge=False)
-    excluded = set(cfg.hydra.job.config.override_dirname.exclude_keys)
-    dirname = ",".join(sorted(o.input_line for o in overrides if o.key_or_group not in excluded))
-    return cfg, dirname
-
-
-def run_folder(cfg: DictConfig, dirname: str) -> Path:
-    """``<model>/<dataset>/T<temperature>-n<max_new_tokens>/<dirname>``, as the scales' output_dir."""
-    dataset = cfg.dataset.name + suffix("@", cfg.get("protocol"))
-    return Path(cfg.model.name, dataset, f"T{cfg.temperature}-n{cfg.max_new_tokens}", dirname)
 
 
 def sample_keys(
@@ -140,6 +109,7 @@ def turn_record(
     sample: tuple[str, int, str | None],
     turn: int,
     prompt_tokens: int,
+    session: str | None,
 ) -> dict:
     """One samples.jsonl line of one turn at the run's ``pace`` (tokens per step, overhead, drafted nodes)."""
     sample_id, n_turns, category = sample
@@ -171,6 +141,8 @@ def turn_record(
         "output_ids": output,
         "output_text": " ".join(f"t{token}" for token in output),
         "wall_s": PREFILL_S + sum(step_s),
+        "batch_size": 1,
+        "batch_wall_s": PREFILL_S + sum(step_s),
         "prefill_s": PREFILL_S,
         "target_forwards": len(lengths),
         "accept_lengths": lengths,
@@ -183,6 +155,7 @@ def turn_record(
         **phases,
         "energy_j": None,
         "stop_reason": "max_new_tokens" if len(output) == cfg.max_new_tokens else "eos",
+        "measuring_session": session,
         "drafter_stats": stats,
     }
 
@@ -192,7 +165,7 @@ def prompt_digest(cfg: DictConfig, sample_id: str, turn: int) -> str:
     return hashlib.sha256(f"{cfg.model.name}/{cfg.dataset.name}/{sample_id}/{turn}".encode()).hexdigest()[:16]
 
 
-def run_records(seed: int, cfg: DictConfig, folder: Path, run_id: str) -> list[dict]:
+def run_records(seed: int, cfg: DictConfig, folder: Path, run_id: str, session: str | None) -> list[dict]:
     """Every record of one run: each sample's turns, later turns prompted with the earlier answers."""
     rng = rng_for(seed, folder)
     ar = cfg.method.name == "ar"
@@ -205,12 +178,12 @@ def run_records(seed: int, cfg: DictConfig, folder: Path, run_id: str) -> list[d
     for sample in sample_keys(cfg.dataset.name, cfg.limit, list(cfg.dataset.get("categories") or [])):
         prompt_tokens = int(rng.integers(40, 800))
         for turn in range(sample[1]):
-            records.append(turn_record(rng, seed, cfg, run_id, pace, sample, turn, prompt_tokens))
+            records.append(turn_record(rng, seed, cfg, run_id, pace, sample, turn, prompt_tokens, session))
             prompt_tokens += records[-1]["new_tokens"] + int(rng.integers(20, 120))
     return records
 
 
-def summary(cfg: DictConfig, folder: Path, run_id: str, records: list[dict], seed: int) -> dict:
+def summary(cfg: DictConfig, folder: Path, run_id: str, records: list[dict], seed: int, bench: dict | None) -> dict:
     """The complete run's summary.json, built like the runner's (specbench.metrics.run_summary)."""
     method = OmegaConf.to_container(cfg.method, resolve=True)
     rng = rng_for(seed, folder, "memory")
@@ -240,7 +213,7 @@ def summary(cfg: DictConfig, folder: Path, run_id: str, records: list[dict], see
         environment=ENVIRONMENT,
         config_digest=digest_of(method, cfg),
         device_map=None,
-        bench=None,
+        bench=bench,
         target="",
         artefacts=[],
         budget=None,
@@ -286,25 +259,30 @@ def profile_rows(model: str) -> list[dict]:
 
 
 def write_fixture_results(
-    root: Path, scale: str = "smoke", experiments: list[str] | None = None, seed: int = 0
+    root: Path, scale: str = "smoke", experiments: list[str] | None = None, seed: int = 0, sessions: bool = True
 ) -> Path:
-    """Write one synthetic run per job of the scale's experiments (shared run folders once) and the
-    latency profiles under ``root``; return ``root``."""
+    """Write one synthetic run per job of the scale's experiments (AR partners included; each experiment one
+    measuring session, or none with ``sessions=False``) and the latency profiles under ``root``; return ``root``."""
     root = Path(root)
-    jobs = {}  # run folder -> config; a folder several experiments share keeps its largest limit
-    for name in experiments or experiment_names(scale):
-        for job in sweep_jobs(scale, name):
-            cfg, dirname = job_config(job)
-            folder = run_folder(cfg, dirname)
-            kept = jobs.get(folder)
-            if kept is None or (kept.limit is not None and (cfg.limit is None or cfg.limit > kept.limit)):
-                jobs[folder] = cfg
-    for folder, cfg in jobs.items():
-        run_id = f"{folder.name}@20260101T000000"
-        records = run_records(seed, cfg, folder, run_id)
-        (root / folder).mkdir(parents=True, exist_ok=True)
-        (root / folder / "samples.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
-        (root / folder / "summary.json").write_text(json.dumps(summary(cfg, folder, run_id, records, seed), indent=2))
+    for number, name in enumerate(experiments or experiment_names(scale)):
+        session = f"20260101T000000Z-f1x7re-{number}" if sessions else None
+        for index, job in enumerate(experiment_jobs(scale, name)):
+            cfg, folder = job_config(job), Path(run_folder(job_config(job), job))
+            partner = run_folder(job_config(partner_job(job)), partner_job(job))
+            label = str(folder.relative_to(name))
+            bench = {
+                "suite": f"reproduce/{scale}",
+                "session": name,
+                "entry": label,
+                "baseline": str(Path(partner).relative_to(name)),
+                "index": index,
+            }
+            run_id = f"{folder.name}@20260101T000000"
+            records = run_records(seed, cfg, folder, run_id, session)
+            (root / folder).mkdir(parents=True, exist_ok=True)
+            (root / folder / "samples.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+            written = summary(cfg, folder, run_id, records, seed, bench if sessions else None)
+            (root / folder / "summary.json").write_text(json.dumps(written, indent=2))
     for model in load_plan(scale).profile_models:
         (root / "profile" / model).mkdir(parents=True, exist_ok=True)
         write_csv(profile_rows(model), root / "profile" / model / "latency_cpu_float32.csv")

@@ -8,7 +8,7 @@ from tests.conftest import ROOT
 from tests.reproduce_fixture import write_fixture_results
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-EXPERIMENTS = ["baselines", "r1_table2_chat", "r1_table2_code", "r1_ablation", "r4_speedup"]
+EXPERIMENTS = ["r1_table2_chat", "r1_table2_code", "r1_ablation", "r4_speedup"]
 """Enough of the smoke plan for every view: a paper table, MT-Bench per category, lossy and lossless runs."""
 
 

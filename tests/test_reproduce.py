@@ -2,21 +2,30 @@
 experiment runs end to end as a Hydra multirun, and the paper-vs-measured tables carry both numbers."""
 
 import itertools
-import subprocess
-import sys
+import shutil
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
+from specbench import environment
 from specbench.config import compose_config
 from specbench.engines import check_method
 from specbench.errors import ConfigError
 from specbench.reproduce.coverage import job_config
-from specbench.reproduce.plan import experiment_names, load_plan, scales, select, sweep_jobs
+from specbench.reproduce.plan import (
+    experiment_names,
+    load_plan,
+    partner_job,
+    scales,
+    select,
+    sweep_jobs,
+    with_partners,
+)
 from specbench.reproduce.results import load_results
+from specbench.reproduce.session import run_session
 from specbench.reproduce.tables import compare, paper_values, parse_setting
-from specbench.runner import validate
-from tests.conftest import ROOT
+from specbench.runner import Runner, validate
 from tests.reproduce_fixture import write_fixture_results
 
 EXPERIMENTS = [(scale, name) for scale in scales() for name in experiment_names(scale)]
@@ -33,6 +42,7 @@ def covering_jobs(jobs: list[list[str]]) -> list[list[str]]:
 def test_every_experiment_job_composes(scale, name):
     jobs = sweep_jobs(scale, name)
     assert jobs and all(any(o.startswith("method=") for o in job) for job in jobs)  # run folders name the method
+    assert_partnered(jobs)  # the experiment is one session: the AR partners of its jobs are its own
     for job in covering_jobs(jobs):
         cfg = compose_config(*job)
         OmegaConf.to_container(cfg.method, resolve=True)
@@ -60,7 +70,16 @@ def test_plans_hold_every_experiment_of_their_scale():
     for scale in scales():
         plan = load_plan(scale)
         assert sorted(plan.experiments) == experiment_names(scale)
-        assert plan.experiments[0].startswith("baselines")  # AR first: later sweeps pair with it
+        assert set(plan.sequential) <= set(plan.experiments)
+
+
+def assert_partnered(jobs: list[list[str]]) -> None:
+    """Each job's AR partner (same run settings, method AR) is among the session's jobs (``with_partners``)."""
+    keys = {tuple(sorted(job)) for job in with_partners(jobs)}
+    for job in jobs:
+        partner = partner_job(job)
+        assert tuple(sorted(partner)) in keys and "method=ar" in partner
+        assert not any(o.startswith(("method.", "+self_draft_cache", "+lookahead_ablation")) for o in partner)
 
 
 def test_smoke_plan_replaces_every_model_by_the_stand_in():
@@ -138,24 +157,29 @@ def test_rows_with_a_setting_match_only_that_setting(fixture_results):
 
 
 @pytest.mark.slow
-def test_an_experiment_runs_as_a_multirun_and_pairs_with_its_ar_run(tmp_path):
-    command = [
-        sys.executable,
-        "-m",
-        "specbench",
-        "--multirun",
-        "+experiment=smoke/r2_table1_code",
-        "model=tiny_llama",
-        "limit=1",
-        "max_new_tokens=4",
-        "warmup=0",
-        "progress=false",
-        f"results_root={tmp_path}",
-    ]
-    subprocess.run(command, cwd=ROOT, check=True, capture_output=True)
+def test_an_experiment_runs_as_one_session_with_its_ar_partner_interleaved(tmp_path, monkeypatch):
+    """An experiment is one measuring session: its sweep and the AR partner it lacks, prompts interleaved with the
+    order rotating, every record of one session, every speedup paired; a rerun touches nothing; an AR partner
+    timed again in a later sitting is refused."""
+    order = []
+    run_batch = Runner.run_batch
+    monkeypatch.setattr(
+        Runner, "run_batch", lambda self, batch: order.append(self.bench["entry"]) or run_batch(self, batch)
+    )
+    overrides = ["model=tiny_llama", "limit=2", "max_new_tokens=4", "warmup=0", f"results_root={tmp_path}"]
+    run_session("smoke", "r3_node_budget", overrides)
     results = load_results(tmp_path)
-    assert sorted(results.runs["method"]) == ["anpd", "ar"]
-    anpd = results.runs[results.runs["method"] == "anpd"].iloc[0]
-    assert anpd["n_common"] == 1 and anpd["exact_match_rate"] == 1.0
-    subprocess.run(command, cwd=ROOT, check=True, capture_output=True)  # complete runs: nothing repeated
-    assert len(load_results(tmp_path).samples) == 2
+    assert sorted(results.runs["method"]) == ["ar", "opt_tree", "opt_tree"]  # n = 10, 25 and the AR partner
+    assert (results.runs["pairing"] == "").all() and results.runs["speedup"].notna().all()
+    assert results.samples["measuring_session"].nunique() == 1 and results.runs["session"].eq("r3_node_budget").all()
+    assert order[:3] != order[3:] and sorted(order[:3]) == sorted(order[3:])  # every prompt through each, rotated
+    stored = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+    run_session("smoke", "r3_node_budget", overrides)  # complete: nothing loads, nothing is written
+    assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == stored
+    ar = Path(results.runs.loc[results.runs["method"] == "ar", "run_dir"].iloc[0])
+    shutil.rmtree(ar)
+    later = f"20990101T000000Z-{environment.measuring_session().split('-')[1]}-1"  # this machine, a later sitting
+    monkeypatch.setattr(environment, "measuring_session", lambda: later)
+    run_session("smoke", "r3_node_budget", overrides)
+    opt_tree = load_results(tmp_path).runs.query("method == 'opt_tree'")
+    assert opt_tree["speedup"].isna().all() and opt_tree["pairing"].str.endswith("timed in another session").all()

@@ -107,13 +107,15 @@ def test_builders_skip_results_without_their_runs(contexts):
 
 def test_lade_heat_map_holds_the_runs_tokens_per_step(root, contexts):
     """The LADE W x N panel shows the tokens per step of the W x N runs as the runner summarised them
-    (a configuration stored in two folders counts once: ``measured_runs``)."""
+    (a configuration measured by two sessions counts once: ``results.one_per_configuration``)."""
+    whole, _ = contexts
     cells = {}
     folders = [
-        folder
-        for folder in measured_runs(root)
-        if folder.parent.name.startswith("T0.0-n") and folder.parent.parent.name == "mt_bench"
+        Path(folder)
+        for folder in whole.results.runs["run_dir"]
+        if Path(folder).parent.name.startswith("T0.0-n") and Path(folder).parent.parent.name == "mt_bench"
     ]
+    assert len(measured_runs(root)) > len(whole.results.runs)  # the AR partners and defaults of every session
     for folder in folders:
         summary = json.loads((folder / "summary.json").read_text())
         if summary["method"] == "lade":
@@ -125,7 +127,7 @@ def test_lade_heat_map_holds_the_runs_tokens_per_step(root, contexts):
     drawn = draw("lade_window_ngram", contexts)
     shown = drawn.figure.axes[0].images[0].get_array()
     np.testing.assert_allclose(np.ma.filled(shown.astype(float), np.nan), expected)
-    assert (15, 5) in cells and len(cells[15, 5]) == 1  # the default run and the sweep's (15, 5) run: one config
+    assert (15, 5) in cells and len(cells[15, 5]) == 1  # the default run of three sessions and the sweep's: one config
 
 
 def paper_lines(ax) -> list:
@@ -155,16 +157,16 @@ def test_throughput_marks_are_the_papers_speedup_times_the_measured_ar(contexts)
     would be off the scale and meaningless here)."""
     whole, _ = contexts
     ax = draw("self_draft_fig5_branch_length", contexts).figure.axes[0]
-    runs = whole.results.runs
-    ar = runs[(runs["method"] == "ar") & (runs["dataset"] == "mt_bench") & (runs["temperature"] == 0)]
     speedups = whole.paper[
         (whole.paper["paper"] == "self_draft")
         & (whole.paper["method"] == "self_draft")
         & (whole.paper["dataset"] == "mt_bench")
         & (whole.paper["metric"] == "speedup")
     ]
+    every = whole.results.every_run.set_index("run_dir")
+    partner = every.loc[list(speedups["matched"].iloc[0]), "ar_run_dir"]  # the AR run timed in the run's session
     marked = sorted(y for line in paper_lines(ax) for y in line.get_ydata())
-    assert marked == pytest.approx(sorted(speedups["value"] * ar["throughput_total"].iloc[0]))
+    assert marked == pytest.approx(sorted(speedups["value"] * every.loc[partner, "throughput_total"].mean()))
 
 
 def test_speedup_panels_show_ar_and_intervals(contexts):

@@ -20,12 +20,10 @@ from specbench.reproduce.tables import DISPLAY_COLUMNS, LATEX_WIDTHS, breaks_aft
 from tests.reproduce_fixture import write_fixture_results
 
 EXPERIMENTS = [
-    "baselines",
     "r1_table2_chat",
     "r1_table2_code",
     "r2_table1_code",
     "r3_tables",
-    "r5_baselines",
     "r5_table4",
 ]
 LINE_WIDTH_PT = 468  # \linewidth of a 6.5 in text block
@@ -44,7 +42,7 @@ def built(root, tmp_path_factory):
     results, by_category = results_of(runs), results_of(split_by(runs, "category"))
     compared = paper_comparison(results, by_category, "smollm2_135m")
     out = tmp_path_factory.mktemp("tables")
-    return out, results, compared, build_tables(compared, results, out, "smoke", "smollm2_135m")
+    return out, results, compared, build_tables(compared, results, out, "smoke", "smollm2_135m", root)
 
 
 def markdown_rows(path) -> pd.DataFrame:
@@ -129,7 +127,7 @@ def test_notes_are_numbered_under_the_table(built):
 def test_tables_and_index_warn_when_runs_of_different_commits_are_compared(root, tmp_path, change, expected):
     copy = tmp_path / "smoke"
     shutil.copytree(root, copy)
-    summary = copy / "smollm2_135m" / "humaneval" / "T0.0-n48" / "method=ar" / "summary.json"
+    summary = copy / "r1_table2_code" / "smollm2_135m" / "humaneval" / "T0.0-n48" / "method=ar" / "summary.json"
     data = json.loads(summary.read_text())
     data["environment"].update(change)
     summary.write_text(json.dumps(data))

@@ -12,19 +12,20 @@ from specbench.report.read import split_by
 from specbench.reproduce.figures import build_figures
 from specbench.reproduce.plan import Plan
 from specbench.reproduce.results import Results, read_measured, results_of, stamp
-from specbench.reproduce.tables import Built, build_tables, paper_comparison
+from specbench.reproduce.tables import REFUSED, Built, build_tables, paper_comparison
 
 
 def entry(name: str, built: Built, base: Path) -> list[str]:
     """One index line (links relative to ``base``, the commits), and the item's warning on its own line."""
     links = ", ".join(f"[{path.name}]({os.path.relpath(path, base)})" for path in built.paths)
-    lines = [f"- {name}: {links or 'no runs for it (skipped)'} ({built.commits})"]
+    refused = f"; {built.refused} speedup(s) refused ({REFUSED}: AR partner not timed in the same session)"
+    lines = [f"- {name}: {links or 'nothing to draw (skipped)'} ({built.commits}{refused if built.refused else ''})"]
     return lines + ([f"  - **{built.warning}**"] if built.warning else [])
 
 
 def index_text(plan: Plan, results: Results, tables: dict[str, Built], figures: dict[str, Built]) -> str:
     """Markdown index of what was built, by which commits, with the warnings first."""
-    runs = results.runs
+    runs = results.every_run
     warned = [name for name, built in {**tables, **figures}.items() if built.warning]
     lines = [
         f"# Reproduction, scale `{plan.scale}`",
@@ -35,6 +36,14 @@ def index_text(plan: Plan, results: Results, tables: dict[str, Built], figures: 
     warning = provenance_warning(runs)
     if warning:
         lines += [f"> **{warning}**. Tables and figures that compare such runs: {', '.join(warned)}.", ""]
+    refused = sum(built.refused for built in tables.values())
+    if refused:
+        lines += [
+            f"> **{refused} speedup measurement(s) refused** ({REFUSED} in their tables): their runs' AR partners were "
+            "not timed in the same measuring session. Rerun those experiments: "
+            "docs/reproduction.md#rerunning-the-smoke-plan.",
+            "",
+        ]
     lines += ["## Tables", ""]
     lines += [line for name, built in tables.items() for line in entry(name, built, plan.tables_dir)]
     lines += ["", "## Figures", ""]
@@ -50,9 +59,10 @@ def build(plan: Plan) -> None:
             f"--scale {plan.scale}` first (or `make reproduce-tables SCALE={plan.scale}`)"
         )
     runs = read_measured(plan.results_root)  # read once, then viewed whole and split by MT-Bench category
-    results, by_category = results_of(runs), results_of(split_by(runs, "category"))
+    results = results_of(runs, plan.experiments)
+    by_category = results_of(split_by(runs, "category"), plan.experiments)
     compared = paper_comparison(results, by_category, plan.stand_in_model)
-    tables = build_tables(compared, results, plan.tables_dir, plan.scale, plan.stand_in_model)
+    tables = build_tables(compared, results, plan.tables_dir, plan.scale, plan.stand_in_model, plan.results_root)
     figures = build_figures(results, by_category, plan.profile_root, plan.figures_dir, compared)
     index = plan.tables_dir / "README.md"
     index.write_text(index_text(plan, results, tables, figures))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -28,11 +29,19 @@ STAMP_FIELDS = ("device_name", "cpu", "torch", "transformers", "dtype")
 
 @dataclass(frozen=True)
 class Results:
-    """All runs under one results root: ``runs`` (one row per run) and ``samples`` (one row per record)."""
+    """All runs under one results root: ``runs`` (one row per configuration and repeat: the earliest session of the
+    plan where several sessions measured one), ``samples`` (one row per record) and the sample ``pairs`` with AR;
+    ``partners``: every run, duplicates of other sessions included (the AR partners each run's numbers rest on)."""
 
     runs: pd.DataFrame
     samples: pd.DataFrame
     pairs: pd.DataFrame
+    partners: pd.DataFrame | None = None
+
+    @property
+    def every_run(self) -> pd.DataFrame:
+        """Every run, each session's own (where a run's AR partner and its provenance are looked up)."""
+        return self.runs if self.partners is None else self.partners
 
 
 def flatten(node, prefix: str = "") -> dict:
@@ -82,6 +91,8 @@ def _extra_columns(run_dir: Path) -> dict:
     memory = summary.get("peak_memory") or {}
     return {
         "experiment": summary.get("experiment"),
+        "config_digest": summary.get("config_digest") or str(run_dir),
+        "measured_on": (summary.get("started_at") or "")[:10],
         "setting": setting_text(knobs),
         **{f"hp.{key[len('method.') :]}": v for key, v in knobs.items()},
         "peak_memory_gib": memory["bytes"] / 2**30 if memory else np.nan,
@@ -100,16 +111,17 @@ def _extras_frame(run_dirs: pd.Series) -> pd.DataFrame:
 def measured_runs(root: Path | str) -> list[Path]:
     """The run folders under ``root`` with samples, one per configuration and repeat.
 
-    Two folders of one configuration (a sweep point equal to a method's defaults, run by two
-    experiments) are one measurement: the one with the most samples is kept (then the first by
-    path), so averages and repeat statistics never count a run twice. Folders that failed before
-    their first sample are left out. Both cases are reported with a warning.
+    Two folders of one configuration in one session (or of no session: runs stored before experiments ran as
+    sessions) are one measurement: the one with the most samples is kept (then the first by path), so averages and
+    repeat statistics never count a run twice. Runs of one configuration in two sessions are all kept: each is the
+    AR partner, or the partnered run, of its own session (``results_of`` then shows one of them). Folders that failed
+    before their first sample are left out. Both cases are reported with a warning.
     """
     kept: dict[tuple, tuple[int, Path]] = {}
     left_out = []
     for run_dir in sorted(find_run_dirs([root])):
         summary = json.loads((run_dir / "summary.json").read_text())
-        key = (summary["config_digest"], summary.get("repeat", 0))
+        key = (summary["config_digest"], summary.get("repeat", 0), (summary.get("bench") or {}).get("session", ""))
         if not (run_dir / "samples.jsonl").is_file():
             left_out.append(f"{run_dir.name} (no samples, {summary.get('status')})")
         elif key in kept and kept[key][0] >= summary["n_samples"]:
@@ -126,21 +138,56 @@ def read_measured(root: Path | str) -> list[Run]:
     return [read_run(run_dir) for run_dir in measured_runs(root)]
 
 
-def load_results(root: Path | str, by: str | None = None) -> Results:
+def load_results(root: Path | str, by: str | None = None, order: Sequence[str] = ()) -> Results:
     """Every measured run under ``root`` (optionally split by a record field such as ``category``), paired with AR."""
     runs = read_measured(root)
-    return results_of(runs if by is None else split_by(runs, by))
+    return results_of(runs if by is None else split_by(runs, by), order)
 
 
-def results_of(runs: list[Run]) -> Results:
-    """Runs already read (whole or split), with metrics, AR pairing, extra columns and speedup statistics."""
+def results_of(runs: list[Run], order: Sequence[str] = ()) -> Results:
+    """Runs already read (whole or split), with metrics, AR pairing, extra columns and speedup statistics.
+
+    Every speedup divides times of one measuring session (``match_ar(same_session=True)``): a run whose AR partner
+    was timed in another session, or on another machine, gets no speedup nor overhead, and ``pairing`` says why.
+    Each run carries its AR partner's provenance (``ar.*``: commit, dirty flag, date, sessions) for the footers.
+    Where sessions measured one configuration and repeat more than once, ``runs`` keeps the run of the session
+    first in ``order`` (the plan's experiments; then by path), ``partners`` all of them."""
     frame, samples = runs_frame(runs), samples_frame(runs)
-    matched = match_ar(frame, samples).merge(_extras_frame(frame["run_dir"]), on="run_dir")
-    pairs = paired_samples(matched, samples)
-    with_intervals = matched.merge(speedup_statistics(pairs), left_on="run_dir", right_index=True, how="left").merge(
+    matched = match_ar(frame, samples, same_session=True).merge(_extras_frame(frame["run_dir"]), on="run_dir")
+    matched = with_partner_provenance(matched.assign(sessions=matched["run_dir"].map(sessions_of(samples))))
+    pairs = paired_samples(matched, samples, same_session=True)
+    every = matched.merge(speedup_statistics(pairs), left_on="run_dir", right_index=True, how="left").merge(
         rate_intervals(samples), left_on="run_dir", right_index=True, how="left"
     )
-    return Results(with_intervals, samples, pairs)
+    return Results(one_per_configuration(every, order), samples, pairs, every)
+
+
+def one_per_configuration(runs: pd.DataFrame, order: Sequence[str]) -> pd.DataFrame:
+    """One run per configuration (digest, split part) and repeat: the one whose session comes first in ``order``
+    (sessions not in it after), then the first by path; in the frame's order."""
+    rank = runs["session"].map({name: index for index, name in enumerate(order)}).fillna(len(order))
+    part = runs["run_dir"].str.partition("#")[2]
+    keys = pd.DataFrame({"digest": runs["config_digest"], "part": part, "repeat": runs["repeat"]})
+    chosen = keys.assign(rank=rank, path=runs["run_dir"]).sort_values(["rank", "path"])
+    kept = chosen.drop_duplicates(["digest", "part", "repeat"]).index
+    return runs.loc[runs.index.isin(kept)].reset_index(drop=True)
+
+
+PROVENANCE = ("env.git_commit", "env.git_dirty", "measured_on", "sessions")
+"""The columns that say which code measured a run, when and in which sessions (copied as ``ar.*`` to its runs)."""
+
+
+def sessions_of(samples: pd.DataFrame) -> pd.Series:
+    """run_dir -> the distinct measuring sessions of its records, sorted and joined ("" when none was recorded)."""
+    if samples.empty:
+        return pd.Series(dtype=str)
+    return samples.groupby("run_dir")["measuring_session"].agg(lambda values: " ".join(sorted(set(values.dropna()))))
+
+
+def with_partner_provenance(runs: pd.DataFrame) -> pd.DataFrame:
+    """``runs`` with each one's AR partner's ``PROVENANCE`` columns as ``ar.<column>`` (NaN without a partner)."""
+    partner = runs.set_index("run_dir")
+    return runs.assign(**{f"ar.{column}": runs["ar_run_dir"].map(partner[column]) for column in PROVENANCE})
 
 
 def stamp(runs: pd.DataFrame) -> str:

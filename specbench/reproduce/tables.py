@@ -15,6 +15,7 @@ its default setting. Each table names the commits that measured its runs and war
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -146,6 +147,8 @@ CSV_COLUMNS = [
     "measured_rank",
     "relative_to_default",
     "commits",
+    "refused",
+    "runs",
 ]
 STATISTICS_COLUMNS = [
     "model",
@@ -164,16 +167,19 @@ STATISTICS_COLUMNS = [
     "throughput_total",
     "exact_match_rate",
     "env.git_commit",
+    "pairing",
 ]
 
 
 @dataclass(frozen=True)
 class Built:
-    """What one table or figure was built into, and from runs of which commits (with a warning on a mix)."""
+    """What one table or figure was built into, and from runs of which commits (with a warning on a mix); how many
+    of its measurements the same-session rule refused (a table's ``—`` cells)."""
 
     paths: list[Path]
     commits: str
     warning: str | None
+    refused: int = 0
 
 
 # --- paper values and the runs that measure them ----------------------------------------------------
@@ -270,11 +276,21 @@ def used_runs(metric: str, runs: pd.DataFrame) -> tuple[str, ...]:
     return tuple(sorted({folder.split("#", 1)[0] for folder in folders}))
 
 
+def refusals(metric: str, runs: pd.DataFrame) -> str:
+    """Why some of a paired metric's runs have no value: their pairing problems (``report.compare.pairing_problems``:
+    AR partner timed in another session or machine), "" when none or for an unpaired metric."""
+    if metric not in PAIRED or not len(runs):
+        return ""
+    return "; ".join(sorted(set(runs["pairing"].dropna()) - {""}))
+
+
 def measure(row: pd.Series, runs: pd.DataFrame) -> dict:
     """Mean, std over repeats, sample count, (speedup) bootstrap interval of one row's metric, the run folders
-    it rests on (``run_dirs``, AR runs included) and the matched runs (``matched``, as the figures draw them)."""
+    it rests on (``run_dirs``, AR runs included), the matched runs (``matched``, as the figures draw them) and why
+    a paired metric's runs were refused (``refused``: their AR partner was timed in another session)."""
     column = MEASURED_METRICS.get(row["metric"])
     values = runs[column].dropna() if column and len(runs) else pd.Series(dtype=float)
+    refused = refusals(row["metric"], runs)
     if values.empty:
         return {
             "measured": np.nan,
@@ -282,8 +298,9 @@ def measure(row: pd.Series, runs: pd.DataFrame) -> dict:
             "n_samples": 0,
             "repeats": 0,
             "speedup_ci": "",
-            "run_dirs": (),
+            "run_dirs": used_runs("", runs) if refused else (),  # the refused runs, no partner: nothing is compared
             "matched": (),
+            "refused": refused,
         }
     measured = runs.loc[values.index]
     interval = ""
@@ -297,6 +314,7 @@ def measure(row: pd.Series, runs: pd.DataFrame) -> dict:
         "speedup_ci": interval,
         "run_dirs": used_runs(row["metric"], measured),
         "matched": tuple(measured["run_dir"]),
+        "refused": refused,
     }
 
 
@@ -393,18 +411,32 @@ def paper_cell(rows: pd.DataFrame) -> str:
 
 
 def measured_cell(row: pd.Series) -> str:
-    """One measurement: mean ± std over repeats, the bootstrap interval of a single run's speedup, the rank."""
+    """One measurement: mean ± std over repeats, the bootstrap interval of a single run's speedup, the rank; ``—``
+    for a paired metric whose every run was refused (its AR partner timed in another session: the note says why)."""
     if not row["repeats"]:
-        return "–"
+        return REFUSED if row["refused"] else "–"
     interval = f" {row['speedup_ci']}" if row["speedup_ci"] else ""
     return f"{number(row['measured'], row['measured_std'])}{interval}{rank_text(row['measured_rank'])}"
 
 
+REFUSED = "—"
+"""The cell of a speedup (or overhead) the rule refuses: no AR partner timed in the run's own session."""
+
+
+def refusal_note(reason: str) -> str:
+    """The note of a refused pairing: the reason, the rule and the way out."""
+    return (
+        f"{REFUSED} = speedup refused: {reason}. A speedup divides only times measured in one session (one process, "
+        "one machine, one sitting); rerun the experiment (its session runs its AR partner beside the methods)"
+    )
+
+
 def note_numbers(frame: pd.DataFrame) -> tuple[pd.Series, list[str]]:
-    """Per group, the numbers of its rows' notes and unfillable reasons; the distinct notes in order."""
+    """Per group, the numbers of its rows' notes, unfillable reasons and refused pairings; the distinct notes in
+    order."""
     texts = [
-        [text for text in (note, f"not measurable: {reason}" if reason else "") if text]
-        for note, reason in zip(frame["note"], frame["unfillable"])
+        [text for text in (note, reason and f"not measurable: {reason}", refused and refusal_note(refused)) if text]
+        for note, reason, refused in zip(frame["note"], frame["unfillable"], frame["refused"])
     ]
     notes = list(dict.fromkeys(text for row in texts for text in row))
     numbers = pd.Series([[notes.index(text) + 1 for text in row] for row in texts], index=frame.index)
@@ -457,6 +489,7 @@ LATEX_ESCAPES = {
     "±": r"$\pm$",
     "×": r"$\times$",
     "–": "--",
+    "—": "---",
     "≥": r"$\geq$",
     "≤": r"$\leq$",
     "δ": r"$\delta$",
@@ -544,12 +577,21 @@ def preamble(title: str, used: pd.DataFrame, scale: str, stand_in: str | None) -
             "overhead and memory). A published sweep is shown relative to its default setting.",
             "",
         ]
+    lines += [SESSION_NOTE, ""]
     lines += [
         "`n` = samples × repeats; `–` = not measured (a model, dataset or feature we do not have, or a run "
         "not in the results: see the notes).",
         "",
     ]
     return "\n".join(lines)
+
+
+SESSION_NOTE = (
+    "Speedups and overheads divide times measured in one session (one process, one machine, one sitting: each "
+    "experiment times its AR partner beside its methods, prompts interleaved); a pair whose AR partner was timed in "
+    f"another session or on another machine is refused ({REFUSED}, the note says why). Tokens per step and "
+    "acceptance do not depend on the machine's speed: they compare across sessions, machines and commits."
+)
 
 
 def write_table(frame: pd.DataFrame, stem: Path, title: str, head: str, notes: list[str]) -> list[Path]:
@@ -569,9 +611,10 @@ def write_table(frame: pd.DataFrame, stem: Path, title: str, head: str, notes: l
 
 
 def paper_table(
-    frame: pd.DataFrame, runs: pd.DataFrame, stem: Path, title: str, scale: str, stand_in: str | None
+    frame: pd.DataFrame, runs: pd.DataFrame, stem: Path, title: str, scale: str, stand_in: str | None, root: Path
 ) -> Built:
-    """One paper table: Markdown and LaTeX (one line per measurement, numbered notes) and its CSV (per paper row)."""
+    """One paper table: Markdown and LaTeX (one line per measurement, numbered notes) and its CSV (per paper row,
+    with the run folders each value rests on, AR partners included, relative to the results ``root``)."""
     used = commits_of(runs, {folder for folders in frame["run_dirs"] for folder in folders})
     shown, notes = display_frame(frame)
     paths = write_table(shown, stem, title, preamble(title, used, scale, stand_in), notes)
@@ -580,18 +623,23 @@ def paper_table(
         commits=[
             " ".join(sorted(commits_of(runs, folders)["env.git_commit"].dropna().str[:7].unique()))
             for folders in frame["run_dirs"]
-        ]
+        ],
+        runs=[" ".join(os.path.relpath(folder, root) for folder in folders) for folders in frame["run_dirs"]],
     )[CSV_COLUMNS].to_csv(csv, index=False)
     return Built(
-        [*paths, csv], commit_text(used) if len(used) else "no runs", provenance_warning(used) if len(used) else None
+        [*paths, csv],
+        commit_text(used) if len(used) else "no runs",
+        provenance_warning(used) if len(used) else None,
+        int(frame.drop_duplicates("group").eval("repeats == 0 and refused != ''").sum()),
     )
 
 
 def overview(compared: pd.DataFrame) -> pd.DataFrame:
-    """One line per measurement over every table: the paper's values of the rows it stands in for beside it."""
+    """One line per measurement over every table (refused speedups as ``—``): the paper's values of the rows it
+    stands in for beside it."""
     lines = []
     for (paper, table), frame in compared.groupby(["paper", "table"], sort=False):
-        shown, _ = display_frame(frame[frame["repeats"] > 0])
+        shown, _ = display_frame(frame[(frame["repeats"] > 0) | (frame["refused"] != "")])
         lines += [[f"{paper} {table}", *row[:7]] for row in shown.itertuples(index=False)]
     return pd.DataFrame(lines, columns=OVERVIEW_COLUMNS)
 
@@ -603,8 +651,10 @@ def table_name(paper: str, table: str) -> str:
 
 def statistics(results: Results) -> pd.DataFrame:
     """Every non-AR run's speedup three ways (total/total, mean of per-sample ratios, ratio of mean rates)
-    with its bootstrap interval and measuring commit, for readers who aggregate differently."""
-    runs = results.runs[results.runs["method"] != "ar"].dropna(subset=["speedup"])
+    with its bootstrap interval and measuring commit, for readers who aggregate differently; a run with an AR
+    partner timed in another session is listed without (``pairing`` says why)."""
+    runs = results.runs[results.runs["method"] != "ar"]
+    runs = runs[runs["speedup"].notna() | runs["ar_run_dir"].notna()]
     frame = runs[STATISTICS_COLUMNS].sort_values(["model", "dataset", "method", "setting", "temperature", "repeat"])
     return frame.assign(**{"env.git_commit": frame["env.git_commit"].str[:7]}).rename(
         columns={"env.git_commit": "commit"}
@@ -619,6 +669,8 @@ def statistics_display(frame: pd.DataFrame) -> pd.DataFrame:
     )
     for column in ("speedup", "speedup_per_sample", "speedup_mean", "exact_match_rate"):
         shown[column] = shown[column].map(number)
+    refused = frame["speedup"].isna().to_numpy()
+    shown.loc[refused, ["speedup", "speedup_per_sample", "speedup_mean", "speedup_ci"]] = REFUSED
     return shown[list(STATISTICS_DISPLAY)].rename(columns=STATISTICS_DISPLAY)
 
 
@@ -635,7 +687,8 @@ STATISTICS_NOTE = (
     "`speedup` = total tokens / total time over the AR run's; `per sample` = mean of per-sample ratios; "
     "`mean rate` = mean rate / mean AR rate (Spec-Bench); `95% CI` = bootstrap interval of `speedup` "
     "over the paired samples (`specbench.report.compare.speedup_statistics`); `n` = paired samples; `exact` = "
-    "share of samples equal to AR's output. The CSV has every column at full precision.\n"
+    "share of samples equal to AR's output; `—` = refused: no sample of the run was timed in one session with its AR "
+    "partner's (the CSV's `pairing` says why). The CSV has every column at full precision.\n"
 )
 
 
@@ -646,15 +699,16 @@ def paper_comparison(results: Results, by_category: Results, stand_in: str | Non
 
 
 def build_tables(
-    compared: pd.DataFrame, results: Results, out_dir: Path, scale: str, stand_in: str | None
+    compared: pd.DataFrame, results: Results, out_dir: Path, scale: str, stand_in: str | None, root: Path
 ) -> dict[str, Built]:
-    """One table per paper table, the overview and the speedup statistics; {name: Built}."""
-    runs = results.runs
+    """One table per paper table, the overview and the speedup statistics; {name: Built} (``root``: the results
+    folder the CSVs name run folders relative to)."""
+    runs = results.every_run
     built = {}
     for (paper, table), frame in compared.groupby(["paper", "table"], sort=False):
         title = f"{paper} {table}: paper vs measured"
         built[table_name(paper, table)] = paper_table(
-            frame, runs, out_dir / table_name(paper, table), title, scale, stand_in
+            frame, runs, out_dir / table_name(paper, table), title, scale, stand_in, root
         )
     used = commits_of(runs, {folder for folders in compared["run_dirs"] for folder in folders})
     title = "Overview: each measurement beside the paper values it stands in for"
@@ -663,7 +717,7 @@ def build_tables(
         lines, lines, out_dir / "overview", title, preamble(title, used, scale, stand_in), used
     )
     title = "Speedup of every run: total/total, mean of per-sample ratios, ratio of mean rates (Spec-Bench)"
-    paired = runs[runs["method"] != "ar"].dropna(subset=["speedup"])
+    paired = results.runs[results.runs["method"] != "ar"].dropna(subset=["speedup"])
     used = commits_of(runs, {*paired["run_dir"], *paired["ar_run_dir"]})
     frame = statistics(results)
     built["speedup_statistics"] = simple_table(

@@ -60,7 +60,7 @@ def build_figures(
         if drawn is None:
             for path in paths:
                 path.unlink(missing_ok=True)
-            built[name] = Built([], "no runs", None)
+            built[name] = Built([], "no runs of its sweep, or only speedups the same-session rule refuses", None)
             continue
         save(drawn.figure, paths)
         warnings = run_footer(drawn.runs)[1] if len(drawn.runs) else []

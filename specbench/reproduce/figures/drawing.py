@@ -161,7 +161,7 @@ def step_pairs(samples: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
 
 def ar_throughput(results: Results, runs: pd.DataFrame) -> pd.Series:
     """The throughput of each run's AR baseline (NaN when it has none)."""
-    throughput = results.runs.set_index("run_dir")["throughput_total"]
+    throughput = results.every_run.set_index("run_dir")["throughput_total"]
     return runs["ar_run_dir"].map(throughput).astype(float)
 
 
@@ -265,10 +265,41 @@ def sample_note(runs: pd.DataFrame) -> tuple[str, str | None]:
 
 
 def run_footer(runs: pd.DataFrame) -> tuple[str, list[str]]:
-    """The footer of a figure of runs (stamp, commits, run and sample counts) and its warnings."""
+    """The footer of a figure of runs (stamp, commits, run and sample counts, their AR partners') and its warnings."""
     samples, uneven = sample_note(runs)
-    warnings = [warning for warning in (provenance_warning(runs), uneven) if warning]
-    return f"measured on: {stamp(runs)} | {commit_text(runs)} | {len(runs)} runs, {samples}", warnings
+    partners, partner_warnings = partner_note(runs)
+    warnings = [warning for warning in (provenance_warning(runs), uneven, *partner_warnings) if warning]
+    footer = f"measured on: {stamp(runs)} | {commit_text(runs)} | {len(runs)} runs, {samples}"
+    return footer + (f" | {partners}" if partners else ""), warnings
+
+
+def partner_note(runs: pd.DataFrame) -> tuple[str, list[str]]:
+    """The AR partners' provenance (commits, dates, sessions: ``results.with_partner_provenance``) of the plotted
+    runs, and a warning where a partner was measured by another commit than its run; ("", []) without partners."""
+    if "ar.sessions" not in runs:
+        return "", []
+    paired = runs[runs["ar_run_dir"].notna() & (runs["ar_run_dir"] != runs["run_dir"])]
+    if paired.empty:
+        return "", []
+    partners = paired.drop_duplicates("ar_run_dir")
+    provenance = partners[["ar.env.git_commit", "ar.env.git_dirty"]].rename(columns=lambda column: column[3:])
+    dates = ", ".join(sorted(set(partners["ar.measured_on"].dropna().astype(str)) - {""})) or "unknown dates"
+    apart = paired[paired["pairing"] != ""]
+    sessions = (
+        "each in its run's session"
+        if apart.empty
+        else f"{len(apart)} of {len(paired)} pairs not timed in one session: no speedup drawn for them"
+    )
+    note = f"AR partners: {len(partners)} runs, {commit_text(provenance)}, on {dates}, {sessions}"
+    mine = paired["env.git_commit"].astype(str) + paired["env.git_dirty"].astype(str)
+    theirs = paired["ar.env.git_commit"].astype(str) + paired["ar.env.git_dirty"].astype(str)
+    other = paired[mine != theirs]
+    warnings = (
+        [f"WARNING: {len(other)} of {len(paired)} runs' AR partners were measured by another commit than the run"]
+        if len(other)
+        else []
+    )
+    return note, warnings
 
 
 def new_figure(rows: int, cols: int) -> tuple[Figure, Any]:

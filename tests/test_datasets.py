@@ -40,8 +40,8 @@ def ids(dataset) -> list[str]:
         ("spec_bench", 480, "81", "560"),
         ("gsm8k", 1319, "gsm8k/0", "gsm8k/1318"),
         ("dolly", 1000, "dolly/0", "dolly/999"),
-        ("cnndm", 199, "f001ec5c4704938247d27a44948eebb37ae98d01", None),
-        ("xsum", 999, "38264402", None),
+        ("cnndm", 200, "f001ec5c4704938247d27a44948eebb37ae98d01", None),  # the shot is a train record
+        ("xsum", 1000, "38264402", None),
     ],
 )
 def test_counts_and_id_ranges(shared_data, name, count, first, last):
@@ -51,8 +51,8 @@ def test_counts_and_id_ranges(shared_data, name, count, first, last):
         assert got[-1] == last
 
 
-def test_summarization_shot_is_never_evaluated(shared_data):
-    cnndm, xsum = load("cnndm", shared_data), load("xsum", shared_data)
+def test_a_test_records_shot_is_never_evaluated(shared_data):
+    cnndm, xsum = (load(name, shared_data, "dataset.shot_split=test") for name in ("cnndm", "xsum"))
     assert CNN_SHOT not in ids(cnndm) and "40741956" not in ids(xsum)
     info = cnndm.describe()
     assert info["sampler"] == "prefix" and info["source"].startswith("local:") and info["n_selected"] == 199
@@ -222,8 +222,12 @@ def test_bad_settings_are_config_errors(shared_data):
     with pytest.raises(ConfigError, match="sample_size=2000"):
         load("gsm100", shared_data, "dataset.sample_size=2000").samples()
     with pytest.raises(ConfigError, match="shot_id"):
-        data = load("cnndm", shared_data, "dataset.shot_id=nope", "dataset.prompt_format=raw")
+        data = load(
+            "cnndm", shared_data, "dataset.shot_split=test", "dataset.shot_id=nope", "dataset.prompt_format=raw"
+        )
         data.completion_prompt(data.samples(1)[0], [])
+    with pytest.raises(ConfigError, match="shot_split must be one of"):
+        load("cnndm", shared_data, "dataset.shot_split=dev")
 
 
 # --- prompt rendering snapshots ------------------------------------------------------------------
@@ -275,7 +279,7 @@ def test_second_turn_holds_the_first_answer(shared_data, embedded, fmt, expected
 
 
 def test_cnndm_one_shot_and_instruction(shared_data, embedded):
-    data = load("cnndm", shared_data, "dataset.prompt_format=raw")
+    data = load("cnndm", shared_data, "dataset.prompt_format=raw", "dataset.shot_split=test")
     sample = data.samples(1)[0]
     text = data.prompt(embedded.tokenizer, sample, [])
     assert text.startswith('Article: (CNN)What do we have for the contestant on "The Price Is Right"?')
@@ -285,14 +289,34 @@ def test_cnndm_one_shot_and_instruction(shared_data, embedded):
         "Authority officially became"
     ) in text
     assert text.endswith(sample.meta["document"] + "\nSummary:") and text.count("Article: ") == 2
-    zero = load("cnndm", shared_data, "dataset.prompt_format=raw", "dataset.shot_id=null")
+    zero = load("cnndm", shared_data, "dataset.prompt_format=raw", "dataset.shot_split=null")
     assert zero.prompt(embedded.tokenizer, sample, []) == f"Article: {sample.meta['document']}\nSummary:"
     assert sample.turns == [f"Summarize the following articles.\n\n{sample.meta['document']}"]
     assert data.describe()["shot_id"] == CNN_SHOT
 
 
+def test_the_shot_is_the_shuffled_train_splits_first_record(tmp_path, monkeypatch):
+    """Draft&Verify's shot (the default): the train split's first record after ``shuffle(seed=42)``, from the Hub
+    (here a stand-in split of 300 records) or a one-record file in data_dir; offline without one, a clear error."""
+    import datasets
+
+    train = datasets.Dataset.from_dict(
+        {"id": [str(i) for i in range(300)], "document": [f"doc {i}" for i in range(300)], "summary": ["s"] * 300}
+    )
+    first = train.shuffle(seed=42)[0]["id"]
+    monkeypatch.setattr("specbench.data.summarization.hub_reachable", lambda: True)
+    monkeypatch.setattr(datasets, "load_dataset", lambda *args, split: train if split == "train" else None)
+    data = load("xsum", None, "dataset.prompt_format=raw")
+    assert data.shot() == f"Article: doc {first}\nSummary: s\n" and data.shot_split == "train"
+    (tmp_path / "xsum_train_shot.jsonl").write_text('{"id": "7", "document": "local doc", "summary": "local"}\n')
+    assert load("xsum", tmp_path).shot() == "Article: local doc\nSummary: local\n"
+    monkeypatch.setattr("specbench.data.summarization.hub_reachable", lambda: False)
+    with pytest.raises(DataUnavailable, match="xsum_train_shot.jsonl"):
+        load("xsum", None).shot()
+
+
 def test_xsum_uses_the_document(shared_data, embedded):
-    data = load("xsum", shared_data, "dataset.prompt_format=raw")
+    data = load("xsum", shared_data, "dataset.prompt_format=raw", "dataset.shot_split=test")
     sample = data.samples(1)[0]
     text = data.prompt(embedded.tokenizer, sample, [])
     assert text.startswith("Article: Seonaid, 21, won the 50m rifle three positions event")
@@ -352,8 +376,8 @@ def test_cli_list(shared_data, capsys):
         ("dolly", 1000),
         ("humaneval", 164),
         ("mbpp100", 100),
-        ("cnndm", 199),
-        ("xsum", 999),
+        ("cnndm", 200),
+        ("xsum", 1000),
         ("gsm8k", 1319),
     ]:
         assert any(line.split()[:2] == [name, str(count)] for line in out.splitlines())

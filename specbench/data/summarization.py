@@ -9,10 +9,11 @@ so with a local copy the records are taken in file order (sampler ``prefix``, sh
 Prompts (docs/methods/anpd.md#evaluation-protocol-of-the-paper):
 
 - ``raw`` (base models, ANPD's 1-shot setting): ``Article: {shot}\\nSummary: {shot summary}\\n``
-  followed by ``Article: {document}\\nSummary:``. The 1-shot example is a fixed record named by
-  ``shot_id``, chosen short and outside ANPD's 1,000-record sample; it is removed from the pool, so
-  it is never evaluated. Its summary is put on one line (CNN/DM highlights are one line per point).
-  ``shot_id: null`` gives the zero-shot ``Article: {document}\\nSummary:``.
+  followed by ``Article: {document}\\nSummary:``. The 1-shot example (``shot_split``) is, as in
+  Draft&Verify's evaluation whose prompts ANPD reuses, the first record of the *train* split shuffled with
+  ``shot_seed`` (``train``: ``data_dir/<shot_file>`` when given, else the Hub), or a test
+  record named by ``shot_id`` and removed from the pool (``test``). Its summary is put on one line (CNN/DM
+  highlights are one line per point). ``shot_split: null`` gives the zero-shot ``Article: {document}\\nSummary:``.
 - ``chat`` / ``vicuna`` / ``llama2`` (instruction-tuned models, ANPD's zero-shot setting): one user
   turn, ``{instruction}\\n\\n{document}``, with ANPD's instruction "Summarize the following articles."
 """
@@ -21,10 +22,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from specbench.data.base import Dataset, Sample
-from specbench.errors import ConfigError
+from specbench.data.base import Dataset, Sample, read_jsonl
+from specbench.errors import ConfigError, DataUnavailable
+from specbench.hub import hub_reachable
 
 INSTRUCTION = "Summarize the following articles."
+SHOT_SPLITS = ("train", "test")
+"""Where the 1-shot example comes from: the shuffled train split's first record (Draft&Verify's), or a test record."""
 
 
 def one_line(text: str) -> str:
@@ -39,11 +43,28 @@ class Summarization(Dataset):
     quality = "rouge"
     document_field = ""
     summary_field = ""
+    shot_file = ""  # a one-record JSONL in data_dir holding the train split's shot (train_shot)
     hub_split = "test"
 
-    def __init__(self, name: str, shot_id: str | None = None, instruction: str = INSTRUCTION, **kwargs):
+    def __init__(
+        self,
+        name: str,
+        shot_split: str | None = "train",
+        shot_seed: int = 42,
+        shot_id: str | None = None,
+        instruction: str = INSTRUCTION,
+        **kwargs,
+    ):
+        if shot_split is not None and shot_split not in SHOT_SPLITS:
+            raise ConfigError(
+                f"dataset.shot_split must be one of {SHOT_SPLITS} or null (zero-shot); got {shot_split!r}"
+            )
+        if shot_split == "test" and shot_id is None:
+            raise ConfigError("dataset.shot_split=test needs dataset.shot_id (the test record that is the example)")
         super().__init__(name, **kwargs)
-        self.shot_id = shot_id
+        self.shot_split = shot_split
+        self.shot_seed = shot_seed
+        self.shot_id = shot_id if shot_split == "test" else None
         self.instruction = instruction
 
     def sampler_used(self) -> str:
@@ -55,14 +76,35 @@ class Summarization(Dataset):
         return [i for i, record in enumerate(records) if record["id"] != self.shot_id]
 
     def shot(self) -> str:
-        """The 1-shot example block (empty for zero-shot), from the record named by ``shot_id``."""
-        if self.shot_id is None:
+        """The 1-shot example block (empty for zero-shot)."""
+        if self.shot_split is None:
             return ""
+        record = self.train_shot() if self.shot_split == "train" else self.test_shot()
+        return f"Article: {record[self.document_field]}\nSummary: {one_line(record[self.summary_field])}\n"
+
+    def test_shot(self) -> dict:
+        """The test record named by ``shot_id``."""
         for record in self.records():
             if record["id"] == self.shot_id:
-                summary = one_line(record[self.summary_field])
-                return f"Article: {record[self.document_field]}\nSummary: {summary}\n"
+                return record
         raise ConfigError(f"dataset.shot_id={self.shot_id!r} is not in {self.resolved_source}")
+
+    def train_shot(self) -> dict:
+        """The train split's first record after ``datasets``' ``shuffle(seed=shot_seed)`` (Draft&Verify's
+        ``shots``): from ``data_dir/<shot_file>`` when it exists, else the Hub."""
+        name = self.shot_file
+        path = self.data_dir / name if self.data_dir else None
+        if path is not None and path.is_file():
+            return read_jsonl(path, self.required_fields(), self.field_types())[0]
+        if not hub_reachable():
+            raise DataUnavailable(
+                f"dataset {self.name}: the 1-shot example is the train split's first record after shuffle(seed="
+                f"{self.shot_seed}) (dataset.shot_split=train, Draft&Verify's), which needs the Hub ('{self.hub_id}', "
+                f"split 'train') or a one-record '{name}' in data_dir; or give dataset.shot_split=null (zero-shot)"
+            )
+        import datasets
+
+        return dict(datasets.load_dataset(self.hub_id, self.hub_config, split="train").shuffle(seed=self.shot_seed)[0])
 
     def completion_prompt(self, sample: Sample, answers: list[str]) -> str:
         """ANPD's 1-shot completion prompt: the example, then ``Article: ...\\nSummary:``."""
@@ -87,14 +129,19 @@ class Summarization(Dataset):
         )
 
     def describe(self) -> dict:
-        """The base description plus the 1-shot example's id."""
-        return super().describe() | {"shot_id": self.shot_id}
+        """The base description plus where the 1-shot example comes from."""
+        return super().describe() | {
+            "shot_split": self.shot_split,
+            "shot_seed": self.shot_seed,
+            "shot_id": self.shot_id,
+        }
 
 
 class CNNDailyMail(Summarization):
     """CNN/DailyMail 3.0.0 test (11,490 articles; summaries = the highlights)."""
 
     local_file = "cnn_dailymail_test.jsonl"
+    shot_file = "cnn_dailymail_train_shot.jsonl"
     hub_id = "abisee/cnn_dailymail"
     hub_config = "3.0.0"
     document_field = "article"
@@ -105,6 +152,7 @@ class XSum(Summarization):
     """XSum test (11,334 BBC articles; one-sentence summaries)."""
 
     local_file = "xsum_test.jsonl"
+    shot_file = "xsum_train_shot.jsonl"
     hub_id = "EdinburghNLP/xsum"
     document_field = "document"
     summary_field = "summary"

@@ -342,6 +342,13 @@ def test_dolly_prompts(shared_data, embedded):
     assert without.category == "classification"
 
 
+def test_humaneval_format_tabs_asks_draft_and_verifys_prompt(shared_data):
+    """``+dataset.format_tabs=true`` (Draft&Verify's evaluation): every four spaces of the prompt become a tab."""
+    plain = load("humaneval", shared_data).samples(1)[0].turns[0]
+    tabbed = load("humaneval", shared_data, "+dataset.format_tabs=true").samples(1)[0].turns[0]
+    assert "    " in plain and tabbed == plain.replace("    ", "\t") and "    " not in tabbed
+
+
 def test_humaneval_and_mbpp_raw_prompts(shared_data, embedded):
     data = load("humaneval", shared_data, "dataset.prompt_format=raw")
     sample = data.samples(1)[0]

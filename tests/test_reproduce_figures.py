@@ -13,12 +13,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from matplotlib.container import BarContainer
 
 from specbench.profile import CSV_FIELDS
 from specbench.report.read import split_by
 from specbench.reproduce.figures import build_figures, read_profiles
-from specbench.reproduce.figures.drawing import Context, coinciding
+from specbench.reproduce.figures.drawing import Context, coinciding, points
 from specbench.reproduce.figures.papers import FIGURES
 from specbench.reproduce.results import Results, measured_runs, read_measured, results_of
 from specbench.reproduce.tables import paper_comparison
@@ -106,16 +105,10 @@ def test_builders_skip_results_without_their_runs(contexts):
 
 
 def test_lade_heat_map_holds_the_runs_tokens_per_step(root, contexts):
-    """The LADE W x N panel shows the tokens per step of the W x N runs as the runner summarised them
-    (a configuration measured by two sessions counts once: ``results.one_per_configuration``)."""
-    whole, _ = contexts
+    """The LADE W x N panel shows the tokens per step of r6_window_ngram's runs as the runner summarised them: one
+    session's runs, its (15, 5) point its own although other sessions measured the default too."""
     cells = {}
-    folders = [
-        Path(folder)
-        for folder in whole.results.runs["run_dir"]
-        if Path(folder).parent.name.startswith("T0.0-n") and Path(folder).parent.parent.name == "mt_bench"
-    ]
-    assert len(measured_runs(root)) > len(whole.results.runs)  # the AR partners and defaults of every session
+    folders = [folder for folder in measured_runs(root) if folder.relative_to(root).parts[0] == "r6_window_ngram"]
     for folder in folders:
         summary = json.loads((folder / "summary.json").read_text())
         if summary["method"] == "lade":
@@ -127,7 +120,10 @@ def test_lade_heat_map_holds_the_runs_tokens_per_step(root, contexts):
     drawn = draw("lade_window_ngram", contexts)
     shown = drawn.figure.axes[0].images[0].get_array()
     np.testing.assert_allclose(np.ma.filled(shown.astype(float), np.nan), expected)
-    assert (15, 5) in cells and len(cells[15, 5]) == 1  # the default run of three sessions and the sweep's: one config
+    assert (15, 5) in cells and len(cells[15, 5]) == 1
+    whole, _ = contexts
+    default = whole.results.runs.query("method == 'lade' and dataset == 'mt_bench' and setting == ''")
+    assert len(default) == 1 and not default["run_dir"].iloc[0].startswith(str(root / "r6_window_ngram"))
 
 
 def paper_lines(ax) -> list:
@@ -153,8 +149,8 @@ def test_the_papers_numbers_are_marked_at_the_settings_they_were_published_for(c
 
 
 def test_throughput_marks_are_the_papers_speedup_times_the_measured_ar(contexts):
-    """Self-Draft Fig 5's TP panel marks the paper's speedup times the measured AR throughput (its GPU's tokens/s
-    would be off the scale and meaningless here)."""
+    """Self-Draft Fig 5's TP panel marks the paper's speedup times the measured AR throughput of the drawn run's own
+    session (its GPU's tokens/s would be off the scale and meaningless here)."""
     whole, _ = contexts
     ax = draw("self_draft_fig5_branch_length", contexts).figure.axes[0]
     speedups = whole.paper[
@@ -163,10 +159,13 @@ def test_throughput_marks_are_the_papers_speedup_times_the_measured_ar(contexts)
         & (whole.paper["dataset"] == "mt_bench")
         & (whole.paper["metric"] == "speedup")
     ]
-    every = whole.results.every_run.set_index("run_dir")
-    partner = every.loc[list(speedups["matched"].iloc[0]), "ar_run_dir"]  # the AR run timed in the run's session
+    every = whole.results.every_run
+    drawn = every.query("experiment == 'r1_branch_grid' and method == 'self_draft' and setting == ''")
+    partner = every.set_index("run_dir").loc[
+        drawn["ar_run_dir"], "throughput_total"
+    ]  # timed in the drawn run's session
     marked = sorted(y for line in paper_lines(ax) for y in line.get_ydata())
-    assert marked == pytest.approx(sorted(speedups["value"] * every.loc[partner, "throughput_total"].mean()))
+    assert len(drawn) == 1 and marked == pytest.approx(sorted(speedups["value"] * partner.iloc[0]))
 
 
 def test_speedup_panels_show_ar_and_intervals(contexts):
@@ -178,12 +177,21 @@ def test_speedup_panels_show_ar_and_intervals(contexts):
     assert ax.containers and any(container.has_yerr for container in ax.containers)
 
 
-def test_repeats_give_error_bars(contexts):
-    """Lookahead Table 4's three repeats: the Table 5 panel's full bar has the std over them as its error."""
-    ax = draw("lookahead_table5_6", contexts).figure.axes[0]
-    bars = next(container for container in ax.containers if isinstance(container, BarContainer))
-    full = bars.errorbar.lines[2][0].get_segments()[0]  # the first bar: full Lookahead, 3 repeats
-    assert full[1, 1] - full[0, 1] > 0
+def test_repeats_give_error_bars():
+    """A point of several runs (repeats) has the std over them as its error; a single run its bootstrap interval."""
+    frame = pd.DataFrame(
+        {
+            "x": [1, 1, 1, 2],
+            "speedup": [1.0, 1.2, 1.4, 2.0],
+            "speedup_ci_low": [0.9, 1.1, 1.3, 1.8],
+            "speedup_ci_high": [1.1, 1.3, 1.5, 2.3],
+        }
+    )
+    shown = points(frame, "x", "speedup")
+    assert shown.loc[1, "mean"] == pytest.approx(1.2) and shown.loc[1, "high"] - shown.loc[1, "mean"] == pytest.approx(
+        0.2
+    )
+    assert (shown.loc[2, "low"], shown.loc[2, "high"]) == (1.8, 2.3)
 
 
 def test_the_defects_of_the_first_stored_figures_stay_fixed(contexts):

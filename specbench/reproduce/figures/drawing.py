@@ -107,6 +107,14 @@ def numeric(values: pd.Series) -> pd.Series:
         return values
 
 
+def of_sessions(ctx: Context, *experiments: str) -> pd.DataFrame:
+    """Every run the named experiments' sessions measured, their own copy of a setting other sessions measured too
+    included: a figure of one sweep draws one session's runs, so its points (and their AR partners) were timed in
+    one sitting."""
+    every = ctx.results.every_run
+    return every[every["experiment"].isin(experiments)]
+
+
 def sweep(
     runs: pd.DataFrame,
     methods: list[str],
@@ -192,15 +200,18 @@ def error_bars(shown: pd.DataFrame) -> np.ndarray:
 
 
 def paper_marks(ctx: Context, runs: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
-    """The published numbers of the drawn runs' settings, placed at the run's x (``x``, ``value``, ``model``: the
-    paper's method and model): tokens per step and speedup as published, throughput as the paper's speedup x the
-    measured AR throughput."""
+    """The published numbers of the drawn runs' settings (the settings of the runs the tables match to a paper row,
+    whichever session drew them), placed at the run's x (``x``, ``value``, ``model``: the paper's method and model):
+    tokens per step and speedup as published, throughput as the paper's speedup x the measured AR throughput."""
     metric = COMPARABLE.get(y)
     rows = ctx.paper[ctx.paper["metric"] == metric] if metric else ctx.paper.iloc[0:0]
     scale = ar_throughput(ctx.results, runs) if y == "throughput_total" else pd.Series(1.0, index=runs.index)
+    every = ctx.results.every_run.set_index("run_dir")
+    drawn = pd.Series(list(zip(runs["config_digest"], runs["dataset"], runs["repeat"])), index=runs.index)
     marks = []
     for _, row in rows.iterrows():
-        hit = runs[runs["run_dir"].isin(row["matched"])]
+        measured = every.reindex(list(row["matched"]))[["config_digest", "dataset", "repeat"]].dropna()
+        hit = runs[drawn.isin(list(measured.itertuples(index=False, name=None)))]  # the same setting, any session
         if len(hit) and scale[hit.index].notna().all():
             label = f"{row['paper_method']}, {row['paper_model'] or '?'}"
             marks.append((hit[x].iloc[0], row["value"] * float(scale[hit.index].mean()), label))

@@ -20,6 +20,7 @@ from specbench.reproduce.figures.drawing import (
     is_set,
     line_figure,
     new_figure,
+    of_sessions,
     plot_lines,
     run_footer,
     scope,
@@ -27,7 +28,7 @@ from specbench.reproduce.figures.drawing import (
     sweep,
     text,
 )
-from specbench.reproduce.results import Results, knob
+from specbench.reproduce.results import knob
 from specbench.reproduce.tables import paper_values
 
 # the knobs the papers sweep (method config keys below `method.`)
@@ -59,14 +60,14 @@ MEMORY_KINDS = {"process_peak_rss": "process peak RSS, CPU", "cuda_max_allocated
 SELF_DRAFT_VARIANTS = {(True, True): "full", (True, False): "w/o corpus", (False, True): "w/o context"}
 
 
-def self_draft_grid(results: Results) -> pd.DataFrame:
-    """Self-Draft's L x N_b runs on MT-Bench (the defaults included)."""
-    return sweep(results.runs, ["self_draft"], "mt_bench", (L, NB))
+def self_draft_grid(ctx: Context) -> pd.DataFrame:
+    """Self-Draft's L x N_b runs on MT-Bench (the defaults included), of r1_branch_grid's session."""
+    return sweep(of_sessions(ctx, "r1_branch_grid"), ["self_draft"], "mt_bench", (L, NB))
 
 
 def self_draft_fig5_branch_length(ctx: Context) -> Drawn | None:
     """Self-Draft Fig 5: TP and DE against branch length L at N_b = 6 (at each N_b when 6 was not run)."""
-    runs = self_draft_grid(ctx.results)
+    runs = self_draft_grid(ctx)
     runs = runs[runs[NB] == 6] if (runs[NB] == 6).any() else runs
     return line_figure(
         ctx,
@@ -83,7 +84,7 @@ def self_draft_fig6_branch_number(ctx: Context) -> Drawn | None:
     return line_figure(
         ctx,
         "Self-Draft Fig 6: throughput (TP) and DE vs branch number N_b",
-        self_draft_grid(ctx.results),
+        self_draft_grid(ctx),
         NB,
         {**THROUGHPUT, "tokens_per_step": "DE (tokens per step)"},
         by=(L,),
@@ -95,7 +96,7 @@ def self_draft_fig7_heatmap(ctx: Context) -> Drawn | None:
     return heat_figure(
         ctx,
         "Self-Draft Fig 7: throughput and DE over L × N_b",
-        self_draft_grid(ctx.results),
+        self_draft_grid(ctx),
         L,
         NB,
         {**THROUGHPUT, "tokens_per_step": "DE (tokens per step)"},
@@ -104,7 +105,7 @@ def self_draft_fig7_heatmap(ctx: Context) -> Drawn | None:
 
 def self_draft_fig8_ablation(ctx: Context) -> Drawn | None:
     """Self-Draft Fig 8: per-category speedup, full / w/o corpus / w/o context (split results)."""
-    runs = sweep(ctx.results.runs, ["self_draft"], "mt_bench", (CONTEXT_CACHE, CORPUS_CACHE))
+    runs = sweep(of_sessions(ctx, "r1_ablation"), ["self_draft"], "mt_bench", (CONTEXT_CACHE, CORPUS_CACHE))
     variants = [
         SELF_DRAFT_VARIANTS[bool(context), bool(corpus)]
         for context, corpus in zip(runs[CONTEXT_CACHE], runs[CORPUS_CACHE])
@@ -122,14 +123,14 @@ def self_draft_fig8_ablation(ctx: Context) -> Drawn | None:
     )
 
 
-def anpd_grid(results: Results) -> pd.DataFrame:
-    """ANPD's K x N runs on CNN/DM (the defaults included)."""
-    return sweep(results.runs, ["anpd"], "cnndm", (K, N))
+def anpd_grid(ctx: Context, experiment: str) -> pd.DataFrame:
+    """ANPD's K x N runs on CNN/DM of one experiment's session (the defaults included)."""
+    return sweep(of_sessions(ctx, experiment), ["anpd"], "cnndm", (K, N))
 
 
 def anpd_fig3_draft_len(ctx: Context) -> Drawn | None:
     """ANPD Fig 3: speed-up against drafted tokens K at N = 2."""
-    runs = anpd_grid(ctx.results)
+    runs = anpd_grid(ctx, "r2_draft_len")
     return line_figure(
         ctx, "ANPD Fig 3: speed-up vs drafted tokens K (N = 2)", runs[runs[N] == 2], K, SPEEDUP, label="ANPD, N = 2"
     )
@@ -137,7 +138,7 @@ def anpd_fig3_draft_len(ctx: Context) -> Drawn | None:
 
 def anpd_fig4_5_ngram_size(ctx: Context) -> Drawn | None:
     """ANPD Figs 4/5: speed-up against the n-gram size N, one line per K in {6, 7, 8}."""
-    runs = anpd_grid(ctx.results)
+    runs = anpd_grid(ctx, "r2_draft_len_ngram")
     return line_figure(
         ctx,
         "ANPD Figs 4/5: speed-up vs n-gram size N (multi-level n-gram)",
@@ -150,7 +151,7 @@ def anpd_fig4_5_ngram_size(ctx: Context) -> Drawn | None:
 
 def opt_tree_fig4_expected_vs_accepted(ctx: Context) -> Drawn | None:
     """OPT-Tree Fig 4: step counts over round(E) x actual accepted tokens, OPT-Tree at its defaults, T = 0."""
-    runs = sweep(ctx.results.runs, ["opt_tree"], None)
+    runs = sweep(of_sessions(ctx, "r3_tables"), ["opt_tree"], None)
     return heat_figure(
         ctx,
         "OPT-Tree Fig 4: expected vs actual acceptance per step",
@@ -168,7 +169,7 @@ def opt_tree_fig5_node_budget(ctx: Context) -> Drawn | None:
     return line_figure(
         ctx,
         "OPT-Tree Fig 5: mean acceptance length vs node budget n",
-        sweep(ctx.results.runs, ["opt_tree"], "mt_bench", (NODES,)),
+        sweep(of_sessions(ctx, "r3_node_budget"), ["opt_tree"], "mt_bench", (NODES,)),
         NODES,
         {"tokens_per_step": "MAL (tokens per step)"},
         log2=True,
@@ -181,7 +182,7 @@ def opt_tree_fig6_threshold(ctx: Context) -> Drawn | None:
     return line_figure(
         ctx,
         "OPT-Tree Fig 6: MAL and throughput vs threshold δ",
-        sweep(ctx.results.runs, ["opt_tree"], "mt_bench", (THRESHOLD,)),
+        sweep(of_sessions(ctx, "r3_threshold"), ["opt_tree"], "mt_bench", (THRESHOLD,)),
         THRESHOLD,
         {"tokens_per_step": "MAL (tokens per step)", **THROUGHPUT},
         label="OPT-Tree",
@@ -190,7 +191,7 @@ def opt_tree_fig6_threshold(ctx: Context) -> Drawn | None:
 
 def opt_tree_fig7_temperature(ctx: Context) -> Drawn | None:
     """OPT-Tree Fig 7: MAL and tokens/s against temperature, OPT-Tree at its defaults beside AR."""
-    runs = sweep(ctx.results.runs, ["opt_tree", "ar"], "mt_bench", temperature=None)
+    runs = sweep(of_sessions(ctx, "r3_temperature"), ["opt_tree", "ar"], "mt_bench", temperature=None)
     runs = runs[runs["temperature"].isin(runs.loc[runs["method"] == "opt_tree", "temperature"])]
     return line_figure(
         ctx,
@@ -207,7 +208,7 @@ def medusa_fig4b_categories(ctx: Context) -> Drawn | None:
     return bar_figure(
         ctx,
         "Medusa Fig 4b: speedup per MT-Bench category",
-        sweep(ctx.results.runs, ["medusa"], "mt_bench"),
+        sweep(of_sessions(ctx, "r4_speedup"), ["medusa"], "mt_bench"),
         "method",
         "speedup",
         SPEEDUP["speedup"],
@@ -222,7 +223,7 @@ def medusa_fig6_tree_size(ctx: Context) -> Drawn | None:
     """Medusa Fig 6: acceleration rate and tokens/s against the drafted nodes per step, sparse vs dense trees, on
     the writing and roleplay questions (the paper's subset; Vicuna-7B is the only model that runs there)."""
     runs = sweep(
-        ctx.results.runs,
+        of_sessions(ctx, "r4_tree_sparse", "r4_tree_dense"),  # two sessions: each tree kind its own
         ["medusa"],
         "mt_bench",
         (TREE_KIND,),
@@ -243,8 +244,9 @@ def medusa_fig6_tree_size(ctx: Context) -> Drawn | None:
 
 def medusa_fig7_epsilon(ctx: Context) -> Drawn | None:
     """Medusa Fig 7: typical acceptance's acceleration rate and tokens/s against ε at T = 0.7, with Medusa's
-    exact sample-and-match (T = 0.7) and greedy (T = 0) runs as references."""
-    runs = ctx.results.runs
+    exact sample-and-match (T = 0.7) and greedy (T = 0) runs as references (r4_epsilon's and r4_sampling's
+    sessions)."""
+    runs = of_sessions(ctx, "r4_epsilon", "r4_sampling")
     references = {
         "Medusa, sample-and-match (T = 0.7)": sweep(
             runs, ["medusa"], "mt_bench", temperature=0.7, categories=MEDUSA_ABLATION
@@ -289,7 +291,13 @@ def lookahead_fig1_latency(ctx: Context) -> Drawn | None:
 
 def lookahead_fig4_5_length_grid(ctx: Context) -> Drawn | None:
     """Lookahead Figs 4/5: tokens/s and EDL against decoding length, one line per branch length, a panel per mode."""
-    runs = sweep(ctx.results.runs, list(METHOD_NAMES), "dolly", (DECODING_LENGTH, BRANCH_LENGTH))
+    runs = sweep(
+        of_sessions(ctx, "r5_length_grid"),
+        list(METHOD_NAMES),
+        "dolly",
+        (DECODING_LENGTH, BRANCH_LENGTH),
+        coupled=(WARMUP,),
+    )
     return line_figure(
         ctx,
         "Lookahead Figs 4/5: throughput and EDL vs decoding length",
@@ -311,7 +319,7 @@ def relative_memory(runs: pd.DataFrame) -> pd.Series:
 def lookahead_fig6_memory(ctx: Context) -> Drawn | None:
     """Lookahead Fig 6: peak memory against decoding length (hierarchical lookahead), from zero, and relative to the
     shortest decoding length beside the paper's relative increase (its GPU and model differ)."""
-    runs = substitute_sweep(ctx.results.runs, (DECODING_LENGTH,))
+    runs = substitute_sweep(of_sessions(ctx, "r5_memory"), (DECODING_LENGTH,))
     if runs.empty or runs[DECODING_LENGTH].nunique() < 2:
         return None
     runs = runs.assign(relative=relative_memory(runs))
@@ -353,10 +361,10 @@ def substitute_sweep(runs: pd.DataFrame, axes: tuple[str, ...] = (), coupled: tu
     return runs[np.array(kept, dtype=bool)] if len(runs) else runs
 
 
-def lookahead_table5_rows(results: Results) -> pd.DataFrame:
-    """Hierarchical Lookahead on Dolly with the dev warm-up: full (r5_table4) and one Table 5 switch each
-    (r5_ablation), labelled, throughput relative to the full runs of the same model."""
-    runs = substitute_sweep(results.runs, coupled=tuple(ABLATIONS))
+def lookahead_table5_rows(ctx: Context) -> pd.DataFrame:
+    """Hierarchical Lookahead on Dolly with the dev warm-up: full and one Table 5 switch each (r5_ablation's
+    session), labelled, throughput relative to the full runs of the same model."""
+    runs = substitute_sweep(of_sessions(ctx, "r5_ablation"), coupled=tuple(ABLATIONS))
     if runs.empty:
         return runs
     labels = [
@@ -369,9 +377,10 @@ def lookahead_table5_rows(results: Results) -> pd.DataFrame:
     return runs.assign(relative=relative).dropna(subset=["relative"])
 
 
-def lookahead_capacity_rows(results: Results) -> pd.DataFrame:
-    """Hierarchical Lookahead on Dolly per trie capacity, throughput relative to the default (16 x L_d)."""
-    capacity = substitute_sweep(results.runs, (CAPACITY,))
+def lookahead_capacity_rows(ctx: Context) -> pd.DataFrame:
+    """Hierarchical Lookahead on Dolly per trie capacity (r5_capacity's session), throughput relative to the default
+    (16 x L_d)."""
+    capacity = substitute_sweep(of_sessions(ctx, "r5_capacity"), (CAPACITY,))
     if capacity.empty:
         return capacity
     default = capacity[capacity[CAPACITY] == CAPACITY_DEFAULT].groupby("model")["throughput_total"].mean()
@@ -419,7 +428,7 @@ def lookahead_table5_6(ctx: Context) -> Drawn | None:
     paper's AntRAG ratios (paper_values); a panel per table that has runs."""
     values = paper_values()
     values = values[values["paper"] == "lookahead"]
-    frames = {"table5": lookahead_table5_rows(ctx.results), "table6": lookahead_capacity_rows(ctx.results)}
+    frames = {"table5": lookahead_table5_rows(ctx), "table6": lookahead_capacity_rows(ctx)}
     panels = [
         name
         for name, frame in frames.items()
@@ -455,7 +464,9 @@ def parse_knob(setting: str, key: str, default: float) -> float:
 
 def lade_window_ngram(ctx: Context) -> Drawn | None:
     """LADE W x N sweep (G = W): tokens per step and speedup over window size W x n-gram size N."""
-    runs = sweep(ctx.results.runs, ["lade"], "mt_bench", (WINDOW, NGRAM), coupled=("drafter.guess_set_size",))
+    runs = sweep(
+        of_sessions(ctx, "r6_window_ngram"), ["lade"], "mt_bench", (WINDOW, NGRAM), coupled=("drafter.guess_set_size",)
+    )
     return heat_figure(
         ctx,
         "LADE window size W × n-gram size N (G = W)",

@@ -20,7 +20,7 @@ SHARED ?= $(abspath ../shared)
 export SPECBENCH_DATA_DIR ?= $(SHARED)/datasets
 export SPECBENCH_CORPUS_DIR ?= $(SHARED)/corpus/sotu_1946_2026
 
-.PHONY: install engine-vllm lock lock-upgrade check-latest demo test test-fast fuzz lint bench-ar bench-model-free bench-engines bench-draft bench-medusa bench-eagle bench-quality bench-auto bench-figures bench-all train-draft train-medusa \
+.PHONY: install engine-vllm lock lock-upgrade check-latest demo test test-fast fuzz lint bench-ar bench-model-free bench-engines bench-crosscheck bench-draft bench-medusa bench-eagle bench-quality bench-auto bench-figures bench-all train-draft train-medusa \
 	train-hydra train-eagle train-eagle3 train-vocab profile report \
 	reproduce-tables reproduce-run reproduce-build parity clean
 
@@ -104,6 +104,12 @@ bench-quality: install train-medusa  ## at T=0.7: AR, lossy and lossless Medusa,
 
 bench-engines: install engine-vllm train-draft  ## AR, PLD, SuffixDecoding, SpeDe in vLLM at batch sizes 1-16 (speedup over vLLM's AR at each)
 	$(PY) -m specbench.bench engines
+
+bench-crosscheck: install engine-vllm train-draft  ## AR, PLD, SuffixDecoding, SpeDe in specbench's loop and in vLLM, HumanEval then MT-Bench; then the cross-check view
+	$(PY) -m specbench.bench crosscheck
+	$(PY) -m specbench.report $$(ls -d results/bench/crosscheck/*/ | tail -1) --merge-repeats --view crosscheck
+	$(PY) -m specbench.bench crosscheck --dataset mt_bench --limit 10
+	$(PY) -m specbench.report $$(ls -d results/bench/crosscheck/*/ | tail -1) --merge-repeats --view crosscheck
 
 bench-figures:  ## acceptance.png (acceptance by draft depth) in every stored bench session that drafted
 	for session in results/bench/*/*/; do \

@@ -280,8 +280,8 @@ def engine_pairs(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def cross_check_prompts(runs: pd.DataFrame, samples: pd.DataFrame | None = None) -> pd.DataFrame:
-    """One row per prompt both engines answered, per cross-checked pair of runs: each engine's steps and tokens per
-    step, whether the steps are equal, and whether the two outputs equal each other and both engines' AR outputs."""
+    """One row per prompt both engines answered, per cross-checked pair of runs: each engine's steps, whether they are
+    equal, whether the two outputs are, and whether both equal both engines' AR outputs (``ars_equal``)."""
     samples = _samples_of(runs, samples)
     outputs = samples.set_index(["run_dir", *SAMPLE_KEY])["output_ids"]
     rows = []
@@ -289,7 +289,8 @@ def cross_check_prompts(runs: pd.DataFrame, samples: pd.DataFrame | None = None)
         own = samples[samples["run_dir"] == pair.run_dir]
         served = samples[samples["run_dir"] == pair.vllm_run_dir]
         both = own.merge(served, on=SAMPLE_KEY, suffixes=("", "_vllm"))
-        both = both[both["prompt_sha"] == both["prompt_sha_vllm"]]
+        unknown = both["prompt_sha"].isna() | both["prompt_sha_vllm"].isna()  # older records: no digest, pair as before
+        both = both[unknown | (both["prompt_sha"] == both["prompt_sha_vllm"])]
         for record in both.to_dict("records"):
             key = tuple(record[k] for k in SAMPLE_KEY)
             references = [outputs.get((run, *key)) for run in (pair.ar_run_dir, pair.vllm_ar_run_dir)]
@@ -302,9 +303,9 @@ def cross_check_prompts(runs: pd.DataFrame, samples: pd.DataFrame | None = None)
                     **dict(zip(SAMPLE_KEY, key, strict=True)),
                     "steps": record["target_forwards"],
                     "vllm_steps": record["target_forwards_vllm"],
-                    "same_steps": record["target_forwards"] == record["target_forwards_vllm"],
-                    "same_output": record["output_ids"] == record["output_ids_vllm"],
-                    "equal_to_ar": all(
+                    "steps_equal": record["target_forwards"] == record["target_forwards_vllm"],
+                    "outputs_equal": record["output_ids"] == record["output_ids_vllm"],
+                    "ars_equal": all(
                         reference is not None and reference == output
                         for reference in references
                         for output in (record["output_ids"], record["output_ids_vllm"])
@@ -322,9 +323,9 @@ CROSS_PROMPT_COLUMNS = [
     *SAMPLE_KEY,
     "steps",
     "vllm_steps",
-    "same_steps",
-    "same_output",
-    "equal_to_ar",
+    "steps_equal",
+    "outputs_equal",
+    "ars_equal",
 ]
 
 
@@ -341,8 +342,8 @@ def cross_check(runs: pd.DataFrame, samples: pd.DataFrame | None = None) -> pd.D
             "method": group["method"].iloc[0],
             "batch_size": group["batch_size"].iloc[0],
             "n_common": len(group),
-            "same_steps": group["same_steps"].mean(),
-            "equal_to_ar": group["equal_to_ar"].mean(),
+            "same_steps": group["steps_equal"].mean(),
+            "equal_to_ar": group["ars_equal"].mean(),
         }
         for engine, run in (("hf", run_dir), ("vllm", vllm_run_dir)):
             records = [

@@ -184,10 +184,10 @@ def report_table(runs: pd.DataFrame, samples: pd.DataFrame, view: str = "runs") 
     """One view's table from loaded frames (``acceptance``: one row per run and draft depth)."""
     if view == "acceptance":
         return acceptance_table(runs, samples)
-    if view == "crosscheck":
-        return cross_check(runs, samples)
-    if view == "crosscheck_prompts":
-        return cross_check_prompts(runs, samples)
+    if view in ("crosscheck", "crosscheck_prompts"):
+        checked = (cross_check if view == "crosscheck" else cross_check_prompts)(runs, samples)
+        labels = {run["run_dir"]: run_label(run) for _, run in runs.iterrows()}
+        return checked.replace({"run_dir": labels, "vllm_run_dir": labels})
     report = match_ar(runs, samples).sort_values(ORDER)
     report["run"] = [run_label(run) for _, run in report.iterrows()]
     report["achieved_over_modelled"] = report["speedup"] / report.get("modelled_speedup", float("nan"))

@@ -365,14 +365,21 @@ def not_applicable(name: str, check: str) -> str | None:
 
 
 def run_check(name: str, check: str) -> Result:
-    """One check on one method; a failure (or a user error it raises) is captured in the Result."""
-    reason = not_applicable(name, check)
-    if reason is not None:
-        return Result(name, check, None, reason)
+    """One check on one method; whatever it raises (a failed assertion, a user error, a crash in the drafter) is a
+    failure captured in the Result with its one-line cause, so the suite goes on to the next check."""
     try:
+        reason = not_applicable(name, check)
+        if reason is not None:
+            return Result(name, check, None, reason)
         return Result(name, check, True, CHECK_FUNCTIONS[check](name))
-    except (AssertionError, UserError) as failure:
-        return Result(name, check, False, str(failure))
+    except Exception as failure:  # a judge: every crash is a verdict, not the end of the suite
+        return Result(name, check, False, one_line(failure))
+
+
+def one_line(error: Exception) -> str:
+    """An exception as one line: its message (with its type unless it is a failed check or a user error)."""
+    message = next((line.strip() for line in str(error).splitlines() if line.strip()), "(no message)")
+    return message if isinstance(error, (AssertionError, UserError)) else f"{type(error).__name__}: {message}"
 
 
 # -- the command line ------------------------------------------------------------------------------

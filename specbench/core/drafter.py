@@ -28,6 +28,11 @@ if TYPE_CHECKING:
     from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 
+class DrafterError(RuntimeError):
+    """A drafter handed the loop something it cannot verify (a malformed tree, ids outside the vocabulary, rows left
+    in the target's KV cache): a bug in that drafter, named in the message, caught before any forward."""
+
+
 @dataclass
 class DecodeContext:
     """What a drafter may read about the decode in progress."""

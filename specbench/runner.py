@@ -373,10 +373,11 @@ class Runner:
         self.config_written = True
 
     def finish(self, status: str) -> None:
-        """Write the final summary with ``status`` (complete, interrupted or failed) and release the folder; a
-        folder without records gets no summary (nothing is written before the first sample)."""
+        """Write the final summary with ``status`` (complete, interrupted or failed) and release the folder. Only a
+        writer that added samples writes one: nothing is written before this writer's first sample, so a run refused
+        or stopped before it leaves the folder (a finished run's summary included) as it found it."""
         try:
-            if self.store.lock.held and self.store.records:
+            if self.store.lock.held and self.config_written:
                 self.store.write_summary(self.summary(status))
         finally:
             self.store.close()

@@ -93,12 +93,16 @@ def test_bad_settings_are_rejected_before_loading(tmp_path):
         run(tmp_path, "top_p=0")
 
 
-def test_prompt_longer_than_context_is_a_clear_error(tmp_path):
+def test_prompt_longer_than_context_is_a_clear_error_and_a_refused_run_writes_nothing(tmp_path):
+    """A finished run extended by a command that is refused before its first sample keeps every file byte for byte:
+    the summary stays complete with its own run id and limit (config.yaml and the records agree with it)."""
     run(tmp_path, "limit=1", "max_new_tokens=4")
+    stored = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
     with pytest.raises(ConfigError, match="exceeds the model's context length"):
         run(tmp_path, "limit=2", "max_new_tokens=4", "model.context_length=64", "force=true")
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["status"] == "failed" and summary["n_samples"] == 1  # the finished sample is kept
+    assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == stored
+    summary = json.loads(stored["summary.json"])
+    assert summary["status"] == "complete" and summary["limit"] == 1 and summary["n_samples"] == 1
 
 
 def test_a_failure_before_the_first_sample_writes_nothing(tmp_path):

@@ -60,7 +60,11 @@ class Crashing(PromptLookup):
 
 class MisreportedQ(PromptLookup):
     """Proposes its lookup deterministically but tells the ``speculative`` rule it drew each drafted token from a law
-    giving it only MISREPORTED_Q (the rest spread evenly): the rule then accepts drafts too often (lossy)."""
+    giving it only ``reported_q`` (the rest spread evenly): the rule then accepts drafts too often (lossy)."""
+
+    def __init__(self, reported_q: float = MISREPORTED_Q, **lookup):
+        super().__init__(**lookup)
+        self.reported_q = reported_q
 
     def setup(self, target, tokenizer) -> None:
         super().setup(target, tokenizer)
@@ -69,8 +73,8 @@ class MisreportedQ(PromptLookup):
     def propose(self, ctx: DecodeContext) -> DraftTree:
         tree = super().propose(ctx)
         if tree.num_drafted:
-            rows = torch.full((len(tree), self.vocab), (1 - MISREPORTED_Q) / (self.vocab - 1))  # [nodes, vocab]
+            rows = torch.full((len(tree), self.vocab), (1 - self.reported_q) / (self.vocab - 1))  # [nodes, vocab]
             for node in range(1, len(tree)):
-                rows[tree.parents[node], tree.tokens[node]] = MISREPORTED_Q
+                rows[tree.parents[node], tree.tokens[node]] = self.reported_q
             tree.draft_probs = rows
         return tree

@@ -9,6 +9,7 @@ method, the step breakdown for HF generate) is not generated.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -32,9 +33,9 @@ def pytest_generate_tests(metafunc):
     metafunc.parametrize(("method", "check"), cases)
 
 
-def test_conformance(method, check):
+def test_conformance(method, check, request):
     """The check passes (its detail says what was measured)."""
-    result = conformance.run_check(method, check)
+    result = conformance.run_check(method, check, request.config.getoption("--thorough"))
     assert result.passed, result.detail
 
 
@@ -64,6 +65,19 @@ def test_a_lossy_acceptance_rule_fails_the_exactness_checks(monkeypatch, check):
     monkeypatch.setitem(rules.ACCEPTANCE_RULES, "match", accept_first_branch)
     result = conformance.run_check("pld", check)
     assert result.passed is False and ("differs from AR" in result.detail or "differs from the target" in result.detail)
+
+
+@pytest.mark.slow
+def test_a_drafter_that_misreports_its_draft_law_fails_the_sampling_check(monkeypatch):
+    """Negative control: prompt lookup's deterministic drafts reported to the speculative rule as drawn from a law
+    that gives them 0.9 (tests/broken_drafters.py): a total-variation bias of 3 % on the first three tokens, which
+    the chi-square misses and the drafted-token statistic catches."""
+    misreported = ("method.acceptance=speculative", "method.drafter._target_=tests.broken_drafters.MisreportedQ")
+    monkeypatch.setitem(conformance.STAND_IN_OVERRIDES, "pld", misreported)
+    result = conformance.run_check("pld", "sampling")
+    assert result.passed is False and "differs from the target" in result.detail, result.detail
+    chi_square_p, drafted_z = (float(value) for value in re.findall(r"(?:, p|z) ([-+.\de]+)", result.detail)[:2])
+    assert chi_square_p > conformance.SAMPLING_MIN_P and drafted_z > 3.5, result.detail
 
 
 def test_a_drafter_that_crashes_on_a_bad_knob_fails_the_knob_check(monkeypatch):

@@ -17,7 +17,8 @@ Checks (docs/adding-a-method.md#what-the-framework-checks-for-you):
   draws ten times as often.
 - ``knobs``: every numeric drafter knob given a string is refused with an error naming ``method.drafter.<key>``.
 - ``breakdown``: the step breakdown's phases cover each step's time (methods on the shared loop).
-- ``resume``: a run extended from ``limit=1`` to ``limit=2`` holds each sample once.
+- ``resume``: a run stopped after one sample and resumed holds each sample once and records the steps (outputs,
+  accepted lengths, drafted tokens, drafter counters) of a run that went through.
 """
 
 from __future__ import annotations
@@ -446,31 +447,63 @@ def check_breakdown(name: str) -> str:
     return f"phases cover {phases / steps:.1%} of the step time"
 
 
+RESUME_PROMPTS = "Name a color.\nCount to three.\nCount to three.\nName a color.\n"
+"""Prompts of the resume check: repeats, so that what a drafter keeps across requests changes what it drafts."""
+RESUME_LIMITS = (1, 4)
+RESUME_FIELDS = (
+    "output_ids",
+    "target_forwards",
+    "accept_lengths",
+    "draft_tokens",
+    "draft_depth",
+    "verify_tokens",
+    "side_branch",
+)
+"""What a resumed run's records must share with an uninterrupted run's (with the drafter's counters, timers aside)."""
+
+
+def resume_run(name: str, folder: Path, limits: tuple[int, ...]) -> list[dict]:
+    """The records of runs of the method over RESUME_PROMPTS into one folder, one per limit (the default warm-up)."""
+    prompts_file = folder.parent / "prompts.txt"
+    prompts_file.write_text(RESUME_PROMPTS)
+    for limit in limits:
+        cfg = compose_config(
+            "model=tiny_llama",
+            f"method={name}",
+            *STAND_IN_OVERRIDES.get(name, ()),
+            "dataset=jsonl",
+            f"dataset.path={prompts_file}",
+            f"limit={limit}",
+            "max_new_tokens=12",
+            "progress=false",
+            f"output_dir={folder}",
+        )
+        Runner(cfg).run()
+    return [json.loads(line) for line in (folder / "samples.jsonl").read_text().splitlines() if line.strip()]
+
+
+def steps_of(record: dict) -> dict:
+    """What a record says about the steps of its generation: RESUME_FIELDS and the drafter's counters (no timers)."""
+    stats = {key: value for key, value in (record["drafter_stats"] or {}).items() if not key.endswith("_s")}
+    return {**{field: record[field] for field in RESUME_FIELDS}, "drafter_stats": stats}
+
+
 def check_resume(name: str) -> str:
-    """A run extended from limit=1 to limit=2 in the same folder holds each of its samples once."""
+    """A run stopped after its first sample and resumed holds each sample once and records the same steps as a run
+    that went through: what a drafter keeps across requests is rebuilt before the first pending sample."""
     with tempfile.TemporaryDirectory() as folder:
-        prompts_file = Path(folder) / "prompts.txt"
-        prompts_file.write_text("Say hello.\nName a color.\nCount to three.\n")
-        run = Path(folder) / "run"
-        for limit in (1, 2):
-            cfg = compose_config(
-                "model=tiny_llama",
-                f"method={name}",
-                *STAND_IN_OVERRIDES.get(name, ()),
-                "dataset=jsonl",
-                f"dataset.path={prompts_file}",
-                f"limit={limit}",
-                "max_new_tokens=6",
-                "warmup=0",
-                "progress=false",
-                f"output_dir={run}",
+        resumed = resume_run(name, Path(folder) / "resumed", RESUME_LIMITS)
+        straight = resume_run(name, Path(folder) / "straight", RESUME_LIMITS[-1:])
+    ids = [record["sample_id"] for record in resumed]
+    if ids != [record["sample_id"] for record in straight]:
+        raise AssertionError(f"after resuming to limit={RESUME_LIMITS[-1]} the run holds samples {ids}")
+    for before, after in zip(straight, resumed):
+        different = {key for key, value in steps_of(before).items() if steps_of(after)[key] != value}
+        if different:
+            raise AssertionError(
+                f"sample {before['sample_id']} recorded other {sorted(different)} after the resume than without it"
             )
-            Runner(cfg).run()
-        lines = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines() if line.strip()]
-    ids = [record["sample_id"] for record in lines]
-    if sorted(ids) != ["1", "2"]:
-        raise AssertionError(f"after resuming to limit=2 the run holds samples {ids}")
-    return "limit 1 then 2: samples 1 and 2, once each"
+    return f"limit {RESUME_LIMITS[0]} then {RESUME_LIMITS[-1]}: each sample once, the steps of an uninterrupted run"
 
 
 CHECK_FUNCTIONS: dict[str, Callable[[str], str]] = {

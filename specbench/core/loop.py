@@ -82,6 +82,14 @@ class Engine(Protocol):
         """The draft models, heads or caches the engine uses (recorded in the run summary)."""
         ...
 
+    def replay(
+        self, prompt_ids: list[int], output_ids: list[int], max_new_tokens: int, generator: torch.Generator | None
+    ) -> list[int] | None:
+        """Bring what the engine keeps across requests to where an earlier generation of the run left it (a resumed run
+        replays its finished samples in run order, untimed): from ``output_ids`` (None), or by generating again when
+        that memory depends on more than the output (the new output, which should equal ``output_ids``)."""
+        ...
+
 
 def synchronize(device: torch.device) -> None:
     """Wait for queued device work so wall-clock timings are honest (every GPU: a device map spans several)."""
@@ -247,6 +255,14 @@ class Decoder:
     def artefacts(self) -> list[str]:
         """The parts the drafter loaded."""
         return self.drafter.artefacts()
+
+    def replay(
+        self, prompt_ids: list[int], output_ids: list[int], max_new_tokens: int, generator: torch.Generator | None
+    ) -> list[int] | None:
+        """The drafter recalls the generation from its output (``Drafter.recall``), or it runs again on the loop."""
+        if self.drafter.recall(list(prompt_ids), list(output_ids)):
+            return None
+        return self.generate(prompt_ids, max_new_tokens, generator).output_ids
 
     def _check_proposal(self, tree: object, ctx: DecodeContext, cache: DynamicCache) -> None:
         """Refuse what the drafter handed over before any forward sees it: a tree that is not one (its structure,

@@ -22,6 +22,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from specbench.errors import ConfigError, UserError
+from specbench.paths import env_or_shared
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -48,7 +49,7 @@ def suffix(prefix: str, value: object) -> str:
     return "" if value is None else f"{prefix}{value}"
 
 
-for name, resolver in (("file_stem", file_stem), ("suffix", suffix)):
+for name, resolver in (("file_stem", file_stem), ("suffix", suffix), ("env_or_shared", env_or_shared)):
     if not OmegaConf.has_resolver(name):
         OmegaConf.register_new_resolver(name, resolver)
 

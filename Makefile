@@ -21,7 +21,7 @@ export SPECBENCH_DATA_DIR ?= $(SHARED)/datasets
 export SPECBENCH_CORPUS_DIR ?= $(SHARED)/corpus/sotu_1946_2026
 
 .PHONY: install engine-vllm lock lock-upgrade check-latest demo test test-fast fuzz lint bench-ar bench-model-free bench-engines bench-crosscheck bench-draft bench-medusa bench-eagle bench-quality bench-auto bench-figures bench-all train-draft train-medusa \
-	train-hydra train-eagle train-eagle3 train-vocab profile report \
+	train-hydra train-eagle train-eagle3 train-vocab profile report notebook \
 	reproduce-tables reproduce-run reproduce-build parity clean
 
 SCALE ?= smoke
@@ -149,6 +149,12 @@ profile: install  ## forward latency vs tokens per pass on the embedded model (C
 
 report: install  ## table over every stored run
 	$(PY) -m specbench.report results/runs
+
+# notebooks/*.ipynb run top to bottom (jupyter nbconvert) on the stored results, or on SPECBENCH_RESULTS=DIR;
+# each saved with its tables and plots as HTML (open it in a browser, no Jupyter needed).
+NOTEBOOK_OUT ?= results/notebooks
+notebook: install  ## run the notebooks on the stored runs -> results/notebooks/*.html
+	$(PY) -m jupyter nbconvert --to html --execute notebooks/*.ipynb --output-dir $(NOTEBOOK_OUT)
 
 # smoke: the embedded model on CPU; paper: the papers' models, for a GPU machine with the weights. The draft and
 # heads a pending job needs are trained by `reproduce run` itself, only when such a job is left and no finished

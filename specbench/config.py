@@ -22,6 +22,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from specbench.errors import ConfigError, UserError
+from specbench.paths import env_or_shared
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -54,7 +55,12 @@ def load_folder(batch_size: int, concurrency: int | None) -> str:
     return f"-b{batch_size}" if concurrency is None else f"-c{concurrency}"
 
 
-for name, resolver in (("file_stem", file_stem), ("suffix", suffix), ("load_folder", load_folder)):
+for name, resolver in (
+    ("file_stem", file_stem),
+    ("suffix", suffix),
+    ("load_folder", load_folder),
+    ("env_or_shared", env_or_shared),
+):
     if not OmegaConf.has_resolver(name):
         OmegaConf.register_new_resolver(name, resolver)
 

@@ -55,6 +55,15 @@ class HFGenerate:
         """The assistant draft, for assisted generation."""
         return self.parts
 
+    def replay(
+        self, prompt_ids: list[int], output_ids: list[int], max_new_tokens: int, generator: torch.Generator | None
+    ) -> list[int] | None:
+        """Plain ``generate`` keeps nothing across requests; assisted generation runs again (the assistant's heuristic
+        number of draft tokens, kept in its generation config, follows the acceptance of every call)."""
+        if "assistant_model" not in self.call_kwargs:
+            return None
+        return self.generate(prompt_ids, max_new_tokens, generator).output_ids
+
     def generate(
         self, prompt_ids: list[int], max_new_tokens: int, generator: torch.Generator | None = None
     ) -> Generation:

@@ -395,6 +395,50 @@ class Runner:
                     )
         self.engine = build_engine(self.cfg.method, self.lm, self.sampling, self.cfg.step_breakdown)
         self._check_parts(self.engine.artefacts())
+        if first is not None:
+            self._replay_finished()
+
+    def _replay_finished(self) -> None:
+        """Resuming: the measured engine goes through the finished samples' generations in run order, untimed, before
+        the first pending one (``Engine.replay``), so what a drafter keeps across requests (a global suffix tree, a
+        successor matrix, an output trie) is what it would be had the run not stopped, and the resumed samples record
+        the steps an uninterrupted run records. The warm-up runs on a throwaway engine, so it leaves no trace."""
+        assert self.engine is not None and self.lm is not None  # built by start_engine, loaded by open()
+        turns: dict[str, list[dict]] = {}
+        for record in self.store.records:  # in the order they were written
+            turns.setdefault(record["sample_id"], []).append(record)
+        samples = {sample.sample_id: sample for sample in self.samples}
+        regenerated = differ = 0
+        for sample_id, records in turns.items():
+            sample = samples.get(sample_id) or self._sample(sample_id)
+            generator = sample_generator(self.cfg.seed, sample_id)
+            for record in sorted(records, key=lambda record: record["turn"]):
+                prompt_ids = self._prompt(sample, [r["output_text"] for r in records if r["turn"] < record["turn"]])
+                with torch.inference_mode():
+                    output = self.engine.replay(prompt_ids, record["output_ids"], self.cfg.max_new_tokens, generator)
+                regenerated += output is not None
+                differ += output not in (None, record["output_ids"]) or prompt_sha(prompt_ids) != record["prompt_sha"]
+        if regenerated:
+            print(
+                f"[specbench] regenerated the {regenerated} finished generation(s) untimed: {self.cfg.method.name} "
+                f"keeps across requests what only the target's verify passes tell"
+            )
+        if differ:
+            print(
+                f"[specbench] warning: {differ} finished generation(s) came out differently when replayed (another "
+                f"prompt, or nondeterministic kernels); the resumed samples may not record the steps an uninterrupted "
+                f"run would"
+            )
+
+    def _sample(self, sample_id: str) -> Sample:
+        """The dataset's sample of this id, beyond ``limit`` (a folder finished further by an earlier command)."""
+        found = next((sample for sample in self.dataset.samples(None) if sample.sample_id == sample_id), None)
+        if found is None:
+            raise DataError(
+                f"{self.store.dir} holds sample {sample_id!r}, which dataset {self.dataset.name} no longer has; "
+                f"choose another output_dir=..."
+            )
+        return found
 
     def _start_vllm(self, first: Sample | None) -> None:
         """Start vLLM and warm it up on ``first`` (its prefix cache emptied after).
@@ -411,12 +455,14 @@ class Runner:
             )
         engine = start_vllm(self.cfg, self.sampling, self.lm.eos_ids, self.lm.context_length)
         self.engine = engine
-        if first is not None and not counterpart(self.cfg.method).get("learns_across_requests"):
+        if first is not None and not engine.learns_across_requests:
             prompt_ids = self._prompt(first, [])
             for _ in range(self.cfg.warmup):
                 engine.generate(prompt_ids, self.cfg.max_new_tokens, sample_generator(self.cfg.seed, first.sample_id))
-            engine.reset_prefix_cache()
         self._check_parts(engine.artefacts())
+        if first is not None:
+            self._replay_finished()
+            engine.reset_prefix_cache()  # the warm-up's and replayed prompts: no cache hit for a measured prefill
 
     def _check_parts(self, parts: list[str]) -> None:
         """Refuse to add samples made with other drafts or heads to a folder's earlier ones (unless forced)."""
@@ -461,10 +507,11 @@ class Runner:
         self.config_written = True
 
     def finish(self, status: str) -> None:
-        """Write the final summary with ``status`` (complete, interrupted or failed) and release the folder; a
-        folder without records gets no summary (nothing is written before the first sample)."""
+        """Write the final summary with ``status`` (complete, interrupted or failed) and release the folder. Only a
+        writer that added samples writes one: nothing is written before this writer's first sample, so a run refused
+        or stopped before it leaves the folder (a finished run's summary included) as it found it."""
         try:
-            if self.store.lock.held and self.store.records:
+            if self.store.lock.held and self.config_written:
                 self.store.write_summary(self.summary(status))
         finally:
             if isinstance(self.engine, VLLMEngine):

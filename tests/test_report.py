@@ -388,3 +388,18 @@ def test_a_torn_summary_or_undecodable_records_are_one_error(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli.main([str(run)])
     assert "not UTF-8 text at byte" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kept", [0, 2], ids=["emptied", "cut"])
+def test_the_sample_count_is_the_records_and_a_disagreeing_summary_is_warned_about(tmp_path, kept):
+    """An emptied samples.jsonl reports n 0, one cut to 2 of its 3 lines n 2: the records are counted, not
+    summary.json's n_samples, and the disagreement is a warning naming both counts."""
+    run_dir = _copy_run("ar_humaneval", tmp_path)
+    samples = run_dir / "samples.jsonl"
+    samples.write_text("".join(samples.read_text().splitlines(keepends=True)[:kept]))
+    with pytest.warns(UserWarning, match=f"summary.json counts 3 samples but samples.jsonl holds {kept}"):
+        runs = read.load_runs([run_dir])
+    assert runs["n_samples"].tolist() == [kept]
+    with pytest.warns(UserWarning, match="summary.json counts 3 samples"):
+        header, row = view.format_table(view.report_table(*read.load([run_dir]))).splitlines()
+    assert row.split()[header.split().index("n")] == str(kept)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from specbench.core.acceptance import Acceptance, Sampling, accept_match, draw
-from specbench.core.drafter import DecodeContext, Drafter
+from specbench.core.drafter import DecodeContext, Drafter, DrafterError
 from specbench.core.tree import DraftTree
 from specbench.core.verify import (
     cache_length,
@@ -82,6 +82,14 @@ class Engine(Protocol):
 
     def artefacts(self) -> list[str]:
         """The draft models, heads or caches the engine uses (recorded in the run summary)."""
+        ...
+
+    def replay(
+        self, prompt_ids: list[int], output_ids: list[int], max_new_tokens: int, generator: torch.Generator | None
+    ) -> list[int] | None:
+        """Bring what the engine keeps across requests to where an earlier generation of the run left it (a resumed run
+        replays its finished samples in run order, untimed): from ``output_ids`` (None), or by generating again when
+        that memory depends on more than the output (the new output, which should equal ``output_ids``)."""
         ...
 
 
@@ -193,6 +201,7 @@ class Decoder:
         self.sampling = sampling
         self.accept_fn = accept_fn
         self.breakdown = breakdown_enabled(step_breakdown, model.device)
+        self.vocab = model.get_input_embeddings().num_embeddings  # the token ids the target reads
 
     def generate(
         self, prompt_ids: list[int], max_new_tokens: int, generator: torch.Generator | None = None
@@ -249,16 +258,41 @@ class Decoder:
         """The parts the drafter loaded."""
         return self.drafter.artefacts()
 
+    def replay(
+        self, prompt_ids: list[int], output_ids: list[int], max_new_tokens: int, generator: torch.Generator | None
+    ) -> list[int] | None:
+        """The drafter recalls the generation from its output (``Drafter.recall``), or it runs again on the loop."""
+        if self.drafter.recall(list(prompt_ids), list(output_ids)):
+            return None
+        return self.generate(prompt_ids, max_new_tokens, generator).output_ids
+
+    def _check_proposal(self, tree: object, ctx: DecodeContext, cache: DynamicCache) -> None:
+        """Refuse what the drafter handed over before any forward sees it: a tree that is not one (its structure,
+        token ids outside the vocabulary, aux shapes), a root other than the last token, or a KV cache left longer
+        or shorter than the committed tokens (O(nodes) in Python: far below a forward's time)."""
+        name = type(self.drafter).__name__
+        if not isinstance(tree, DraftTree):
+            raise DrafterError(f"{name}.propose returned a {type(tree).__name__}, not a DraftTree")
+        problem = tree.problem(self.vocab)
+        if problem is None and tree.tokens[0] != ctx.root:
+            problem = f"node 0 is token {tree.tokens[0]}, not the root (the last committed token, {ctx.root})"
+        if problem is not None:
+            raise DrafterError(f"{name} proposed a tree the target cannot verify at step {ctx.step}: {problem}")
+        rows = cache_length(cache)
+        if rows != ctx.position:
+            change = f"left {rows - ctx.position} rows of its own in" if rows > ctx.position else "removed rows from"
+            raise DrafterError(
+                f"{name} {change} the target's KV cache at step {ctx.step} ({rows} rows, the committed tokens hold "
+                f"{ctx.position}); a drafter that runs the target on ctx.cache must crop it back to ctx.position rows"
+            )
+
     def _step(self, ctx: DecodeContext, cache: DynamicCache, clock: PhaseClock) -> StepOutcome:
         """One propose -> verify -> accept -> compact -> observe; returns what the step emitted and drafted.
 
         ``clock`` laps draft, verify and accept; the caller laps update once the step's locals are freed.
         """
         tree = self.drafter.propose(ctx)
-        if tree.tokens[0] != ctx.root:
-            raise RuntimeError(f"{type(self.drafter).__name__} proposed a tree whose root is not the last token")
-        if cache_length(cache) != ctx.position:
-            raise RuntimeError(f"{type(self.drafter).__name__} left rows of its own in the target's KV cache")
+        self._check_proposal(tree, ctx, cache)
         tree = tree.pruned(ctx.remaining - 1)  # deeper nodes could never be emitted
         past_len = ctx.position
         flat = lay_out(self.model, cache, tree)

@@ -28,6 +28,13 @@ def child_lists(parents) -> list[list[int]]:
     return kids
 
 
+def id_range_problem(what: str, low: int, high: int, vocab: int) -> str | None:
+    """Why ids from ``low`` to ``high`` are not all token ids of a ``vocab``-token model (None when they are)."""
+    if low < 0 or high >= vocab:
+        return f"{what} id {low if low < 0 else high} is outside the target's vocabulary (0..{vocab - 1})"
+    return None
+
+
 @dataclass
 class AuxBlock:
     """Extra query rows in the verify forward whose logits only the drafter reads."""
@@ -37,15 +44,24 @@ class AuxBlock:
     mask: torch.Tensor  # [m, m] bool, row i may attend aux row j (diagonal must be True)
 
     def __post_init__(self) -> None:
-        m = self.tokens.numel()
-        if self.pos_offsets.shape != (m,) or self.mask.shape != (m, m):
-            raise ValueError(
-                f"AuxBlock shapes disagree: tokens {m}, offsets "
-                f"{tuple(self.pos_offsets.shape)}, mask {tuple(self.mask.shape)}"
-            )
+        problem = self.shape_problem()
+        if problem is not None:
+            raise ValueError(problem)
 
     def __len__(self) -> int:
         return self.tokens.numel()
+
+    def shape_problem(self) -> str | None:
+        """Why the rows cannot be laid out (tokens not one row of ids, offsets or mask of other sizes), or None."""
+        m = self.tokens.numel()
+        if self.tokens.dim() != 1 or self.tokens.dtype != torch.long:
+            return f"aux tokens must be a 1-D long tensor, got {self.tokens.dtype} of shape {tuple(self.tokens.shape)}"
+        if self.pos_offsets.shape != (m,) or self.mask.shape != (m, m) or self.mask.dtype != torch.bool:
+            return (
+                f"AuxBlock shapes disagree: tokens {m}, offsets {tuple(self.pos_offsets.shape)}, "
+                f"mask {tuple(self.mask.shape)} {self.mask.dtype} (want ({m},) and bool ({m}, {m}))"
+            )
+        return None
 
 
 @dataclass
@@ -58,13 +74,47 @@ class DraftTree:
     aux: AuxBlock | None = None
 
     def __post_init__(self) -> None:
-        if len(self.tokens) != len(self.parents) or not self.tokens:
-            raise ValueError("a DraftTree needs one parent per token and at least the root")
-        if self.parents[0] != -1:
-            raise ValueError("node 0 must be the root (parent -1)")
-        bad = next((i for i, parent in enumerate(self.parents[1:], start=1) if not 0 <= parent < i), None)
-        if bad is not None:
-            raise ValueError(f"node {bad} has parent {self.parents[bad]}: parents must precede children")
+        problem = self.structure_problem()
+        if problem is not None:
+            raise ValueError(problem)
+
+    def structure_problem(self) -> str | None:
+        """Why this is not a parent-index tree in topological order rooted at node 0 (None when it is).
+
+        O(nodes) in Python; the loop runs it on every proposed tree, since ``tokens`` and ``parents`` are plain
+        lists a drafter may change after construction.
+        """
+        tokens, parents = self.tokens, self.parents
+        if len(tokens) != len(parents) or not tokens:
+            return (
+                f"a DraftTree needs one parent per token and at least the root "
+                f"({len(tokens)} tokens, {len(parents)} parents)"
+            )
+        if parents[0] != -1:
+            return f"node 0 must be the root (parent -1), got parent {parents[0]!r}"
+        for node, parent in enumerate(parents):
+            if node and not (type(parent) is int and 0 <= parent < node):
+                return f"node {node} has parent {parent!r}: parents must be earlier nodes (0 <= parent < node)"
+        return None
+
+    def problem(self, vocab: int) -> str | None:
+        """Why a model reading token ids ``0..vocab-1`` cannot verify this tree (None when it can): its structure,
+        token ids that are not integers in range (aux rows' included), aux shapes, draft-probability rows."""
+        problem = self.structure_problem()
+        if problem is None and not all(type(token) is int for token in self.tokens):
+            bad = next(token for token in self.tokens if type(token) is not int)
+            problem = f"token {bad!r} is a {type(bad).__name__}, not an int"
+        if problem is None:
+            problem = id_range_problem("token", min(self.tokens), max(self.tokens), vocab)
+        if problem is None and self.aux is not None:
+            problem = self.aux.shape_problem()
+            if problem is None and len(self.aux):
+                low, high = torch.aminmax(self.aux.tokens)
+                problem = id_range_problem("aux token", int(low), int(high), vocab)
+        probs = self.draft_probs
+        if problem is None and probs is not None and (probs.dim() != 2 or probs.shape[0] != len(self.tokens)):
+            problem = f"draft_probs has shape {tuple(probs.shape)}; it needs one row per node: ({len(self)}, vocab)"
+        return problem
 
     @cached_property
     def depths(self) -> list[int]:

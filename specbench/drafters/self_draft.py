@@ -208,6 +208,11 @@ class SelfDraft(Drafter):
         self.branches = []
         self.harvested = 0
 
+    def recall(self, prompt_ids: list[int], output_ids: list[int]) -> bool:
+        """The context cache holds the drafting branches' n-grams (the target's predictions at the aux rows), which the
+        output alone does not tell: the generation runs again (False)."""
+        return False
+
     def propose(self, ctx: DecodeContext) -> DraftTree:
         """Context + corpus candidates as a trie (none during start-up); the branches as aux rows."""
         if not self.branches:

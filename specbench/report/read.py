@@ -1,6 +1,7 @@
 """Reading runs: run folders into ``Run`` objects and pandas frames, split by a record field or merged over
 repeats. Every metric is recomputed from the raw ``samples.jsonl`` records with ``specbench.metrics.aggregate``
-(docs/design.md#results-on-disk); nothing is read back from ``summary.json`` but the run's identity."""
+(docs/design.md#results-on-disk); nothing is read back from ``summary.json`` but the run's identity, and the sample
+count is the records' (a summary that disagrees is warned about)."""
 
 from __future__ import annotations
 
@@ -281,7 +282,21 @@ def read_run(run_dir: Path) -> Run:
         ) from None
     if not isinstance(summary, dict):
         raise ReportError(f"{path} must hold a JSON object, got {type(summary).__name__}")
-    return Run(_identity(run_dir, summary), read_records(run_dir), summary_curves(run_dir, summary))
+    identity, records = _identity(run_dir, summary), read_records(run_dir)
+    return Run(counted(identity, records), records, summary_curves(run_dir, summary))
+
+
+def counted(identity: dict, records: list[dict]) -> dict:
+    """The identity with ``n_samples`` counted from the records (the samples whose records are on disk), with a
+    warning when the summary's count disagrees (an emptied or cut samples.jsonl, a summary older than its records)."""
+    samples = len({record["sample_id"] for record in records})
+    if samples != identity["n_samples"]:
+        warnings.warn(
+            f"{identity['run_dir']}: summary.json counts {identity['n_samples']} samples but samples.jsonl holds "
+            f"{samples}; the report counts the records",
+            stacklevel=3,
+        )
+    return {**identity, "n_samples": samples}
 
 
 def read_runs(paths: Iterable[PathLike]) -> list[Run]:

@@ -43,6 +43,7 @@ from specbench.train.common import (
     check_types,
     compose_train,
     container,
+    data_problems,
     digest,
     load_target,
     write_json,
@@ -106,6 +107,7 @@ def validate(cfg: DictConfig) -> None:
         problems.append(f"train.max_minutes must be > 0 or null (got {t.max_minutes})")
     if not t.gammas or any(g < 1 for g in t.gammas):
         problems.append(f"train.gammas must be a non-empty list of chain lengths >= 1 (got {list(t.gammas)})")
+    problems += data_problems(cfg, soft_labels=True)
     if problems:
         raise ConfigError("invalid draft training settings: " + "; ".join(problems))
     validate_prompts(cfg.prompts)
@@ -348,7 +350,8 @@ def main(overrides: list[str]) -> None:
     began = time.perf_counter()
     with building(out_dir):
         lm = load_target(cfg)
-        data = self_distilled(lm, cfg.prompts, cfg.data_dir, progress=cfg.progress)
+        layer_plan(lm.model.config.num_hidden_layers, cfg.draft.num_layers, cfg.draft.init)  # before the data
+        data = self_distilled(lm, cfg.prompts, cfg.data_dir, cfg.progress, cfg.train.eval_sequences)
         data_s = time.perf_counter() - began
         draft, record = distil(cfg, lm, data)
         record.update(

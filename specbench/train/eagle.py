@@ -34,7 +34,13 @@ from specbench.errors import ConfigError
 from specbench.files import building
 from specbench.manifest import finished_training
 from specbench.models.eagle_heads import EagleHead, config_for_target, save_head, trained_dir
-from specbench.train.common import OptimizerSettings, TrainerSettings, check_types, head_training_checks
+from specbench.train.common import (
+    OptimizerSettings,
+    TrainerSettings,
+    check_types,
+    data_problems,
+    head_training_checks,
+)
 from specbench.train.medusa import autocast, lr_factor, seeded, split
 from specbench.train.selfdistill import SelfDistilled, data_summary, head_training
 from specbench.train.selfdistill import validate as validate_prompts
@@ -102,7 +108,7 @@ def validate(cfg) -> None:
         (train.max_length >= 4, f"train.max_length must be >= 4 (got {train.max_length})"),
         *head_training_checks(train),
     ]
-    problems = [message for ok, message in checks if not ok]
+    problems = [message for ok, message in checks if not ok] + data_problems(cfg, soft_labels=True)
     if problems:
         raise ConfigError("invalid EAGLE training settings: " + "; ".join(problems))
     validate_prompts(cfg.prompts)

@@ -38,7 +38,13 @@ from specbench.manifest import finished_training
 from specbench.models.eagle3_heads import Eagle3Head, fused_layers, save_head, trained_dir
 from specbench.models.eagle_heads import config_for_target
 from specbench.models.vocab import most_frequent
-from specbench.train.common import OptimizerSettings, TrainerSettings, check_types, head_training_checks
+from specbench.train.common import (
+    OptimizerSettings,
+    TrainerSettings,
+    check_types,
+    data_problems,
+    head_training_checks,
+)
 from specbench.train.eagle import Sequence, accuracy_table, extract_features
 from specbench.train.medusa import autocast, fit, split
 from specbench.train.selfdistill import data_summary, head_training
@@ -103,7 +109,7 @@ def validate(cfg) -> None:
         (train.max_length >= 4, f"train.max_length must be >= 4 (got {train.max_length})"),
         *head_training_checks(train),
     ]
-    problems = [message for ok, message in checks if not ok]
+    problems = [message for ok, message in checks if not ok] + data_problems(cfg, soft_labels=True)
     if problems:
         raise ConfigError("invalid EAGLE-3 training settings: " + "; ".join(problems))
     validate_prompts(cfg.prompts)

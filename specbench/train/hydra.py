@@ -27,7 +27,13 @@ from specbench.errors import ConfigError
 from specbench.files import building
 from specbench.manifest import finished_training
 from specbench.models.hydra_heads import ARCHS, HydraHeads, heads_for, save_hydra, trained_dir
-from specbench.train.common import OptimizerSettings, TrainerSettings, check_types, head_training_checks
+from specbench.train.common import (
+    OptimizerSettings,
+    TrainerSettings,
+    check_types,
+    data_problems,
+    head_training_checks,
+)
 from specbench.train.eagle import Sequence, extract_features
 from specbench.train.medusa import autocast, fit, split
 from specbench.train.selfdistill import data_summary, head_training
@@ -78,7 +84,7 @@ def validate(cfg) -> None:
         (train.max_length >= 4, f"train.max_length must be >= 4 (got {train.max_length})"),
         *head_training_checks(train),
     ]
-    problems = [message for ok, message in checks if not ok]
+    problems = [message for ok, message in checks if not ok] + data_problems(cfg, soft_labels=True)
     if problems:
         raise ConfigError("invalid Hydra training settings: " + "; ".join(problems))
     validate_prompts(cfg.prompts)

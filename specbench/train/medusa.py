@@ -37,6 +37,7 @@ from specbench.train.common import (
     TrainerSettings,
     autocast_dtype,
     check_types,
+    data_problems,
     head_training_checks,
 )
 from specbench.train.selfdistill import SelfDistilled, data_summary, head_training
@@ -102,7 +103,7 @@ def validate(cfg) -> None:
         (train.max_length >= 3, f"train.max_length must be >= 3 (got {train.max_length})"),
         *head_training_checks(train),
     ]
-    problems = [message for ok, message in checks if not ok]
+    problems = [message for ok, message in checks if not ok] + data_problems(cfg, soft_labels=False)
     if problems:
         raise ConfigError("invalid Medusa training settings: " + "; ".join(problems))
     validate_prompts(cfg.prompts)

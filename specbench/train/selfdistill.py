@@ -301,14 +301,22 @@ def load_cache(path: Path, data_digest: str) -> list[SelfDistilled]:
     ]
 
 
-def self_distilled(lm: LoadedModel, prompts_cfg, data_dir, progress=True) -> list[SelfDistilled]:
-    """Generate (batched) or load from $SPECBENCH_CACHE/selfdistill/<model>/<digest>.jsonl; resumable."""
+def self_distilled(lm: LoadedModel, prompts_cfg, data_dir, progress=True, held_out: int = 0) -> list[SelfDistilled]:
+    """Generate (batched) or load from $SPECBENCH_CACHE/selfdistill/<model>/<digest>.jsonl; resumable. The trainer
+    holds ``held_out`` answers out (``train.eval_sequences``): prompts too few to leave any to train on are refused
+    before any answer is generated."""
     validate(prompts_cfg)
     prompts = rendered_prompts(lm.tokenizer, prompts_cfg, tagged_prompts(prompts_cfg, data_dir))
     if not prompts:
         raise ConfigError(
             "no training prompts left: the sources gave none, or every prompt is longer than "
             f"prompts.max_prompt_tokens={prompts_cfg.max_prompt_tokens}"
+        )
+    if len(prompts) <= held_out:
+        raise ConfigError(
+            f"{len(prompts)} training prompt(s) left (the sources' prompts, less the evaluation ones and those longer "
+            f"than prompts.max_prompt_tokens={prompts_cfg.max_prompt_tokens}), and train.eval_sequences={held_out} "
+            f"holds out that many: nothing to train on; add sources, raise the caps or lower train.eval_sequences"
         )
     header = header_for(lm, prompts_cfg, prompts)
     path = cache_path(lm.name, header["digest"])
@@ -361,7 +369,7 @@ def head_training(
     cfg = compose_train(command, overrides)
     validate(cfg)
     lm = load_target(cfg)
-    data = self_distilled(lm, cfg.prompts, cfg.data_dir, progress=cfg.progress)
+    data = self_distilled(lm, cfg.prompts, cfg.data_dir, cfg.progress, cfg.train.eval_sequences)
     folder = Path(cfg.output_dir) if cfg.output_dir else trained_dir(lm.name)
     settings = {
         "model": model_identity(lm),

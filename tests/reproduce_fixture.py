@@ -171,6 +171,8 @@ def turn_record(
         "output_ids": output,
         "output_text": " ".join(f"t{token}" for token in output),
         "wall_s": PREFILL_S + sum(step_s),
+        "batch_size": 1,
+        "batch_wall_s": PREFILL_S + sum(step_s),
         "prefill_s": PREFILL_S,
         "target_forwards": len(lengths),
         "accept_lengths": lengths,

@@ -33,7 +33,10 @@ LAYERS = [  # lowest first, as docs/design.md#layering draws them; a module belo
     ("parts", ("specbench.structures", "specbench.models", "specbench.data")),
     ("part builders", ("specbench.train", "specbench.corpus")),
     ("drafters", ("specbench.drafters",)),
-    ("engines and metrics", ("specbench.engines", "specbench.metrics", "specbench.quality", "specbench.profile")),
+    (
+        "engines and metrics",
+        ("specbench.engines", "specbench.metrics", "specbench.quality", "specbench.profile", "specbench.bandwidth"),
+    ),
     ("runner", ("specbench.runner", "specbench.budget")),
     (
         "apps",

@@ -287,7 +287,11 @@ def run(args: argparse.Namespace) -> Path:
         f"max_new_tokens={first.max_new_tokens} temperature={first.temperature} rounds={rounds} "
         f"device={environment['device_name']} dtype={dtype_name(dtype)} threads={torch.get_num_threads()}"
     )
-    print(format_table(table([session], repeats=True, view="steps")))
+    steps = table([session], repeats=True, view="steps")
+    print(format_table(steps))
+    if steps["compiled"].any():  # compiled entries: their speedups against eager AR too (the table above: same path)
+        print("against eager AR:")
+        print(format_table(table([session], repeats=True, view="steps", against="eager")))
     cost = table([session], repeats=True, view="cost")
     if cost["ideal_speedup"].notna().any():  # a latency curve is cached for this model and device
         print(format_table(cost))
@@ -499,6 +503,8 @@ def legacy_summary(
         artefacts=[],
         budget=None,
         latency_curves=[],
+        compile=None,
+        memory_traffic=None,
         converted_from=source,
     )
 

@@ -48,7 +48,30 @@ def suffix(prefix: str, value: object) -> str:
     return "" if value is None else f"{prefix}{value}"
 
 
-for name, resolver in (("file_stem", file_stem), ("suffix", suffix)):
+COMPILE_SETTINGS = (True, False, "auto")
+"""The values of the ``compile`` run setting (the compiled path: ``specbench.core.compiled``)."""
+
+
+def compile_enabled(setting: object, device_type: str) -> bool:
+    """Resolve ``compile`` (true | false | auto) on a device type: auto is on for CUDA, where kernel launches bound a
+    step at batch 1, off on CPU."""
+    if setting not in COMPILE_SETTINGS:
+        raise ConfigError(f"compile must be true, false or auto (got {setting!r})")
+    return device_type == "cuda" if isinstance(setting, str) else bool(setting)
+
+
+def compiled_suffix(setting: object, device: object) -> str:
+    """``${compiled_suffix:${compile},${device}}``: ``-compiled`` in the folder of a run that takes the compiled path,
+    nothing for an eager run (so eager folders keep their names); a bad value is left to the run's validation."""
+    if setting not in COMPILE_SETTINGS:
+        return ""
+    import torch  # here: only a folder name that asks for compile=auto needs it
+
+    on_cuda = str(device).startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    return "-compiled" if compile_enabled(setting, "cuda" if on_cuda else "cpu") else ""
+
+
+for name, resolver in (("file_stem", file_stem), ("suffix", suffix), ("compiled_suffix", compiled_suffix)):
     if not OmegaConf.has_resolver(name):
         OmegaConf.register_new_resolver(name, resolver)
 

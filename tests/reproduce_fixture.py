@@ -245,6 +245,8 @@ def summary(cfg: DictConfig, folder: Path, run_id: str, records: list[dict], see
         artefacts=[],
         budget=None,
         latency_curves=[],
+        compile=None,
+        memory_traffic=None,
     )
 
 

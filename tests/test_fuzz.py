@@ -493,6 +493,8 @@ def valid_summary(method: str, records: list[dict]) -> dict:
         artefacts=[],
         budget=None,
         latency_curves=[],
+        compile=None,
+        memory_traffic=None,
     )
 
 

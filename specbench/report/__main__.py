@@ -1,6 +1,6 @@
 """``python -m specbench.report RUN_DIR [RUN_DIR...] [--csv OUT.csv] [--divergences] [--by category]
-[--merge-repeats] [--view runs|steps|latency|cost|acceptance] [--plot OUT.png] [--quality] [--reprice CURVE]``:
-the report table of stored runs, with speedup against AR."""
+[--merge-repeats] [--view runs|steps|latency|cost|acceptance] [--ar same|eager|compiled] [--plot OUT.png] [--quality]
+[--reprice CURVE]``: the report table of stored runs, with speedup against AR."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from specbench.cli import ArgumentParser, user_errors
 from specbench.errors import StorageError
 from specbench.report.budgets import curves_in, reprice_table
-from specbench.report.compare import divergences, provenance_warning
+from specbench.report.compare import AR_BASELINES, divergences, provenance_warning
 from specbench.report.plot import save_acceptance_figure
 from specbench.report.quality import quality_table
 from specbench.report.read import load
@@ -42,6 +42,13 @@ def _parser() -> ArgumentParser:
         help="runs (throughput, acceptance, speedup), steps (where step time goes), latency (TTFT, time per "
         "output token and step latency percentiles, energy per token), cost (ideal, predicted and achieved "
         "speedup: the cost model beside the measurement) or acceptance (by draft depth)",
+    )
+    parser.add_argument(
+        "--ar",
+        choices=AR_BASELINES,
+        default="same",
+        help="the AR run each run is compared with: the one on its own path (same: eager with eager, compiled with "
+        "compiled), or the eager or the compiled AR run for every run",
     )
     parser.add_argument(
         "--quality",
@@ -81,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     with user_errors(argv):
         curves = curves_in(Path(args.reprice)) if args.reprice else []
         runs, samples = load(args.paths, args.by, args.merge_repeats)
-    report = report_table(runs, samples, args.view)
+    report = report_table(runs, samples, args.view, args.ar)
     warning = provenance_warning(runs)
     if warning:
         print(warning, file=sys.stderr)

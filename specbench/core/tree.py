@@ -210,9 +210,9 @@ def flatten(
         positions = torch.cat([positions, past_len + aux.pos_offsets.to(device)])
         seen[n : n + m, 0] = True  # every aux row sees the root
         seen[n : n + m, n : n + m] = aux.mask.to(device)
-    padding = rows - n - m
-    tokens = torch.nn.functional.pad(tokens, (0, padding))  # [rows]
-    positions = torch.nn.functional.pad(positions, (0, padding), value=past_len)  # [rows]
+    if rows > n + m:  # padding rows: token 0 at the root's position
+        tokens = torch.nn.functional.pad(tokens, (0, rows - n - m))  # [rows]
+        positions = torch.nn.functional.pad(positions, (0, rows - n - m), value=past_len)  # [rows]
     mask = torch.zeros(rows, columns, dtype=dtype, device=device)  # [rows, columns]
     mask[:, past_len:].masked_fill_(~seen, torch.finfo(dtype).min)
     return FlatPass(tokens[None], positions[None], mask[None, None])

@@ -15,7 +15,8 @@ prompt twice.
 Nothing is measured here: each entry and round is an ordinary run folder written by the runner
 (``<out>/<SUITE>/<session>/<entry>/r<round>/``, the summary naming the suite, session, entry and
 baseline), and the printed table is the report's ``steps`` view of the session
-(``python -m specbench.report SESSION --merge-repeats --view steps`` prints it again).
+(``python -m specbench.report SESSION --merge-repeats --view steps`` prints it again); with compiled entries it is
+printed a second time against eager AR (``--ar eager``).
 """
 
 from __future__ import annotations

@@ -390,3 +390,13 @@ def test_a_torn_summary_or_undecodable_records_are_one_error(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli.main([str(run)])
     assert "not UTF-8 text at byte" in capsys.readouterr().err
+
+
+def test_runs_of_the_eager_path_pair_alike_against_same_or_eager_ar_and_none_against_compiled(capsys):
+    """The fixtures were all eager (no compile record): --ar eager pairs them as the default does; --ar compiled
+    finds no compiled AR run, so no speedup."""
+    same, eager = view.table([RUNS]), view.table([RUNS], against="eager")
+    pd.testing.assert_frame_equal(same, eager)
+    assert view.table([RUNS], against="compiled")["speedup"].isna().all()
+    cli.main([str(RUNS), "--ar", "eager"])
+    assert "fake_method" in capsys.readouterr().out

@@ -366,6 +366,7 @@ class Runner:
                         prompt_ids, self.cfg.max_new_tokens, sample_generator(self.cfg.seed, first.sample_id)
                     )
         self.engine = build_engine(self.cfg.method, self.lm, self.sampling, self.cfg.step_breakdown, self.verifier)
+        self.compile_record["compiled"] = self.engine.compiled  # what runs, as the engine says
         self._check_parts(self.engine.artefacts())
 
     def _compile_record(self) -> dict:

@@ -99,10 +99,10 @@ class CompiledVerifier:
         with torch.inference_mode():  # transformers installs its hidden-state hooks at the first such eager forward
             model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=model.device), output_hidden_states=True)
 
-    def cache_for(self, rows: int) -> Cache:
-        """The static cache, emptied, with room for ``rows`` positions plus the largest bucket (a larger one, kept
-        for later generations, when the current one is too small)."""
-        needed = rows + self.buckets[-1]
+    def cache_for(self, context: int) -> Cache:
+        """The static cache, emptied, with room for ``context`` positions and a pass of the largest bucket (a larger
+        one, kept for later generations, when the current one is too small)."""
+        needed = context + self.buckets[-1]
         if self.cache is None or self.rows < needed:
             self.rows = -(-needed // ROW_QUANTUM) * ROW_QUANTUM
             self.cache = static_cache(self.model, self.rows)
@@ -136,11 +136,11 @@ class CompiledVerifier:
         logits, hidden_states = self.forward(self.model, flat.input_ids, flat.position_ids, flat.attention_mask, cache)
         return verify_output(tree, logits, hidden_states, hidden_layers, copy=True)
 
-    def warm_up(self, rows: int, passes: int = 3) -> WarmUp:
+    def warm_up(self, context: int, passes: int = 3) -> WarmUp:
         """Compile every bucket (``passes`` forwards each: CUDA graphs are recorded on the second or third) on the
-        cache for ``rows`` positions, so that no timed step compiles."""
+        cache for ``context`` positions, so that no timed step compiles."""
         before, start = compilations(), time.perf_counter()
-        cache = self.cache_for(rows)
+        cache = self.cache_for(context)
         for bucket in self.buckets:
             tree = DraftTree.chain(0, [0] * (bucket - 1))
             for _ in range(passes):

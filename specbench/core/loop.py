@@ -37,9 +37,6 @@ if TYPE_CHECKING:
 STEP_BREAKDOWN_SETTINGS = (True, False, "auto")
 """The values of the ``step_breakdown`` run knob."""
 
-TREE_ROWS = 128
-"""Cache rows reserved beyond prompt + budget for the last step's tree and aux rows (eager: more grows once)."""
-
 AcceptFn = Callable[[DraftTree, torch.Tensor, Sampling, "torch.Generator | None"], Acceptance]
 
 
@@ -211,7 +208,7 @@ class Decoder:
             raise ConfigError("cannot generate from an empty prompt (0 tokens)")
         device = self.model.device
         self.drafter.start(list(prompt_ids))
-        cache = self.verifier.cache_for(len(prompt_ids) + max_new_tokens + TREE_ROWS)
+        cache = self.verifier.cache_for(len(prompt_ids) + max_new_tokens)
         tail = self.drafter.prefill_tail(generator)
         synchronize(device)
         start = time.perf_counter()

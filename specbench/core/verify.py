@@ -273,8 +273,8 @@ class Verifier(Protocol):
 
     compiled: bool  # whether forwards run through torch.compile on a static cache
 
-    def cache_for(self, rows: int) -> Cache:
-        """An empty KV cache with room for ``rows`` positions (prompt, budget and the last step's tree)."""
+    def cache_for(self, context: int) -> Cache:
+        """An empty KV cache with room for ``context`` positions (prompt and budget) and one step's pass after them."""
         ...
 
     def lay_out(self, tree: DraftTree, past_len: int) -> FlatPass:
@@ -286,6 +286,10 @@ class Verifier(Protocol):
         ...
 
 
+TREE_ROWS = 128
+"""Cache rows the eager path reserves beyond prompt + budget for the last step's tree and aux rows (more grows once)."""
+
+
 class EagerVerifier:
     """The eager path: a reserved dynamic cache per generation, every tree verified at its own width (a chain
     without aux rows on the causal fast path)."""
@@ -295,9 +299,9 @@ class EagerVerifier:
     def __init__(self, model) -> None:
         self.model = model
 
-    def cache_for(self, rows: int) -> DynamicCache:
-        """A reserved dynamic cache (``new_cache``)."""
-        return new_cache(self.model, rows)
+    def cache_for(self, context: int) -> DynamicCache:
+        """A reserved dynamic cache (``new_cache``) of ``context`` + ``TREE_ROWS`` rows (a wider pass grows it)."""
+        return new_cache(self.model, context + TREE_ROWS)
 
     def lay_out(self, tree: DraftTree, past_len: int) -> FlatPass:
         """``flatten`` on the model's device, at the tree's own width."""

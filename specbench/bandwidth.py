@@ -53,7 +53,7 @@ GPU_PEAK_BANDWIDTH: tuple[tuple[str, float], ...] = (
 
 COPY_BYTES = 256 * 2**20
 """Size of the tensor ``copy_bandwidth`` copies: far beyond any CPU cache, so the copy streams through memory."""
-COPY_REPEATS = 5
+COPY_REPEATS = 20
 
 
 def memory_traffic(model) -> dict[str, int]:

@@ -96,6 +96,7 @@ class CompiledVerifier:
         )
         self.cache: Cache | None = None
         self.rows = 0  # rows of self.cache
+        self.warm: set[int] = set()  # buckets compiled (and, with CUDA graphs, recorded) on self.cache
         with torch.inference_mode():  # transformers installs its hidden-state hooks at the first such eager forward
             model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=model.device), output_hidden_states=True)
 
@@ -106,6 +107,7 @@ class CompiledVerifier:
         if self.cache is None or self.rows < needed:
             self.rows = -(-needed // ROW_QUANTUM) * ROW_QUANTUM
             self.cache = static_cache(self.model, self.rows)
+            self.warm = set()  # CUDA graphs are recorded again for a new cache
             for layer in self.cache.layers:  # one graph per bucket whatever the cache's rows
                 torch._dynamo.mark_dynamic(layer.keys, 2)
                 torch._dynamo.mark_dynamic(layer.values, 2)
@@ -136,16 +138,17 @@ class CompiledVerifier:
         logits, hidden_states = self.forward(self.model, flat.input_ids, flat.position_ids, flat.attention_mask, cache)
         return verify_output(tree, logits, hidden_states, hidden_layers, copy=True)
 
-    def warm_up(self, context: int, passes: int = 3) -> WarmUp:
-        """Compile every bucket (``passes`` forwards each: CUDA graphs are recorded on the second or third) on the
-        cache for ``context`` positions, so that no timed step compiles."""
+    def warm_up(self, context: int) -> WarmUp:
+        """Compile every bucket not yet warm on the cache for ``context`` positions (one forward each; three with CUDA
+        graphs, which are recorded at the second or third), so that no timed step compiles."""
         before, start = compilations(), time.perf_counter()
         cache = self.cache_for(context)
-        for bucket in self.buckets:
+        for bucket in sorted(set(self.buckets) - self.warm):
             tree = DraftTree.chain(0, [0] * (bucket - 1))
-            for _ in range(passes):
+            for _ in range(3 if self.cudagraphs else 1):
                 self.verify(cache, tree, (), self.lay_out(tree, 0))
                 compact_cache(cache, 0, [])
+            self.warm.add(bucket)
         return WarmUp(time.perf_counter() - start, compilations() - before)
 
 

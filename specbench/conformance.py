@@ -19,6 +19,11 @@ Checks (docs/adding-a-method.md#what-the-framework-checks-for-you):
 - ``breakdown``: the step breakdown's phases cover each step's time (methods on the shared loop).
 - ``resume``: a run stopped after one sample and resumed holds each sample once and records the steps (outputs,
   accepted lengths, drafted tokens, drafter counters) of a run that went through.
+- ``compiled``: on the compiled path (``specbench.core.compiled``: a static cache, bucketed widths) the output equals
+  the eager path's, greedy (AR's, for a lossless method) and sampled at T > 0 with the same seed (the same draws, so
+  the same law); a drafter that declares ``needs_dynamic_cache`` runs eager instead, which the check confirms.
+  ``COMPILE_BACKEND`` (``--backend``) is torch.compile's backend: ``inductor`` as in runs; the test suite uses
+  ``aot_eager`` (the same traced graphs without code generation, which would cost minutes per bucket on 2 cores).
 """
 
 from __future__ import annotations
@@ -43,10 +48,11 @@ from omegaconf import DictConfig, OmegaConf
 from specbench.cli import ArgumentParser, user_errors
 from specbench.config import add_user_config_dirs, compose_config, group_options
 from specbench.core.acceptance import Sampling, target_probs
+from specbench.core.compiled import compiled_verifier
 from specbench.core.drafter import DecodeContext, Drafter
 from specbench.core.loop import Engine
 from specbench.core.tree import DraftTree, child_lists
-from specbench.engines import build_engine, check_method
+from specbench.engines import build_engine, check_method, eager_because
 from specbench.errors import UserError
 from specbench.models.loading import LoadedModel, build_tiny_llama, load_model
 from specbench.runner import Runner
@@ -70,7 +76,8 @@ SAMPLING_MIN_P = 1e-3  # a lossless method fails one run in a thousand by chance
 LAW_BATCH = 200  # draws per teacher-forced forward that computes the target's law along their outputs
 SAMPLING_SEED_PROMPT = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3]
 BREAKDOWN_TOLERANCE = 0.03
-CHECKS = ("builds", "greedy", "budget", "eos", "sampling", "knobs", "breakdown", "resume")
+COMPILE_BACKEND = "inductor"
+CHECKS = ("builds", "greedy", "budget", "eos", "sampling", "knobs", "breakdown", "resume", "compiled")
 
 
 @dataclass(frozen=True)
@@ -115,9 +122,13 @@ def small_vocab_lm() -> LoadedModel:
     return LoadedModel(model, None, "tiny_llama", "tiny", frozenset(), arch["max_position_embeddings"])
 
 
-def engine_for(name: str, lm: LoadedModel, sampling: Sampling | None = None, breakdown: bool = False) -> Engine:
-    """The method's engine on ``lm`` (greedy unless ``sampling`` says otherwise; step breakdown as asked)."""
-    return build_engine(method_config(name), lm, sampling or Sampling(), breakdown)
+def engine_for(
+    name: str, lm: LoadedModel, sampling: Sampling | None = None, breakdown: bool = False, compiled: bool = False
+) -> Engine:
+    """The method's engine on ``lm`` (greedy unless ``sampling`` says otherwise; step breakdown as asked; on the
+    compiled path with ``COMPILE_BACKEND`` when ``compiled``)."""
+    verifier = compiled_verifier(lm.model, COMPILE_BACKEND) if compiled else None
+    return build_engine(method_config(name), lm, sampling or Sampling(), breakdown, verifier)
 
 
 def generate(engine: Engine, prompt: list[int], max_new_tokens: int, seed: int | None = None):
@@ -506,6 +517,27 @@ def check_resume(name: str) -> str:
     return f"limit {RESUME_LIMITS[0]} then {RESUME_LIMITS[-1]}: each sample once, the steps of an uninterrupted run"
 
 
+def check_compiled(name: str) -> str:
+    """Compiled output equals eager output on a prompt, greedy (AR's for a lossless method) and sampled at SAMPLING
+    with one seed; a method that cannot run compiled says why and runs eager."""
+    reason = eager_because(method_config(name), check_method(method_config(name)))
+    prompt = prompts()[0]
+    for sampling, seed in ((Sampling(), None), (SAMPLING, 0)):
+        engine = engine_for(name, tiny_lm(), sampling, compiled=True)
+        if engine.compiled == (reason is not None):
+            raise AssertionError(f"compiled={engine.compiled}, but the method's reason to run eager is {reason!r}")
+        out = tuple(generate(engine, list(prompt), GREEDY_TOKENS, seed).output_ids)
+        if sampling.greedy and is_lossless(name):
+            truth = ar_output(prompt, GREEDY_TOKENS)
+        else:
+            truth = tuple(generate(engine_for(name, tiny_lm(), sampling), list(prompt), GREEDY_TOKENS, seed).output_ids)
+        if out != truth:
+            first = next((i for i, (a, b) in enumerate(zip(out, truth)) if a != b), len(truth))
+            raise AssertionError(f"T={sampling.temperature}: the output differs from the eager path's at token {first}")
+    path = "compiled" if reason is None else f"eager ({reason})"
+    return f"{path}: greedy and sampled (T={SAMPLING.temperature}, one seed) outputs equal the eager path's"
+
+
 CHECK_FUNCTIONS: dict[str, Callable[[str], str]] = {
     "builds": check_builds,
     "greedy": check_greedy,
@@ -515,6 +547,7 @@ CHECK_FUNCTIONS: dict[str, Callable[[str], str]] = {
     "knobs": check_knobs,
     "breakdown": check_breakdown,
     "resume": check_resume,
+    "compiled": check_compiled,
 }
 
 
@@ -524,7 +557,7 @@ def not_applicable(name: str, check: str) -> str | None:
     cfg = method_config(name)
     if check in ("greedy", "sampling") and not cfg.get("lossless", False):
         return "lossy (lossless: false): its outputs are not the target's"
-    if check in ("knobs", "breakdown") and cfg.engine != "loop":
+    if check in ("knobs", "breakdown", "compiled") and cfg.engine != "loop":
         return f"engine {cfg.engine}: no drafter on the shared loop"
     return None
 
@@ -564,12 +597,17 @@ def _parser() -> ArgumentParser:
         action="store_true",
         help=f"the sampling check with {THOROUGH_TRIALS} draws instead of {SAMPLING_TRIALS} (minutes per method)",
     )
+    parser.add_argument(
+        "--backend", default=COMPILE_BACKEND, help="torch.compile's backend for the compiled check (default inductor)"
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the checks, print one line each; exit 1 if any failed."""
     args = _parser().parse_args(argv)
+    global COMPILE_BACKEND
+    COMPILE_BACKEND = args.backend
     with user_errors(argv):
         add_user_config_dirs(args.config_dirs)
         names = args.methods or methods()

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from specbench import environment
+from specbench.bandwidth import memory_traffic, peak_bandwidth
 from specbench.budget import (
     BUDGET_FILE,
     KNOB_NODE,
@@ -25,12 +26,14 @@ from specbench.budget import (
     knob_key,
     with_budget,
 )
+from specbench.config import COMPILE_SETTINGS, compile_enabled
 from specbench.core.acceptance import Sampling, sampling_problems
+from specbench.core.compiled import CompiledVerifier, compilations, compiled_verifier
 from specbench.core.loop import STEP_BREAKDOWN_SETTINGS, Engine, Generation, synchronize
 from specbench.core.verify import warm_up_verify
 from specbench.data.base import Dataset, Sample, build_dataset
 from specbench.energy import joules_between, open_meter
-from specbench.engines import build_engine, check_method
+from specbench.engines import build_engine, check_method, eager_because
 from specbench.errors import ConfigError, DataError, RunConflict
 from specbench.metrics import machine_seconds, run_summary
 from specbench.models.loading import (
@@ -126,6 +129,8 @@ def validate(cfg: DictConfig) -> None:
     problems += sampling_problems(cfg.temperature, cfg.top_p)
     if cfg.step_breakdown not in STEP_BREAKDOWN_SETTINGS:
         problems.append(f"step_breakdown must be true, false or auto (got {cfg.step_breakdown!r})")
+    if cfg.compile not in COMPILE_SETTINGS:
+        problems.append(f"compile must be true, false or auto (got {cfg.compile!r})")
     problems += budget_problems(cfg)
     problems += engine_problems(cfg)
     if problems:
@@ -154,6 +159,10 @@ def engine_problems(cfg: DictConfig) -> list[str]:
             ]
         return []
     problems = []
+    if cfg.compile is True:
+        problems.append(
+            "compile=true compiles the shared loop; vLLM's own compiled path: engine.engine_args.enforce_eager=false"
+        )
     if cfg.method.engine != "loop":
         problems.append(f"method {cfg.method.name} runs HF generate (method.engine={cfg.method.engine}), not a drafter")
     if cfg.get("budget") == "auto":
@@ -193,10 +202,17 @@ exactly that behaviour) keep their digests; any other value is a new setting and
 
 
 def config_digest(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> str:
-    """sha256 over everything that determines a sample's result (resolved device and dtype included)."""
+    """sha256 over everything that determines a sample's result (resolved device and dtype included).
+
+    The compiled path emits what the eager one does, but its runs are timed on another path, so ``compile: true``
+    enters the digest when it resolves on (its runs never resume into an eager folder) and nothing when it resolves
+    off (eager runs keep the digests they had before the compiled path existed).
+    """
     identity = without_locations(OmegaConf.to_container(cfg, resolve=True))
     for key in RUN_ONLY_KEYS:
         identity.pop(key, None)
+    if compile_enabled(identity.pop("compile", False), device.type) and identity["engine"]["name"] == "hf":
+        identity["compile"] = True
     if identity.get("budget") is None:  # the method's default: digests as before budgets existed
         identity.pop("budget", None)
     identity["method"].pop(KNOB_NODE, None)  # which key budget= sets: not a setting of the run
@@ -292,10 +308,13 @@ class Runner:
         self.budget = given_record(cfg)
         if self.budget is not None:
             cfg = with_budget(cfg, self.budget["value"])
-        check_method(cfg.method)  # the drafter's knobs, before any model loads
+        drafter = check_method(cfg.method)  # the drafter's knobs, before any model loads
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
+        self.compile = compile_enabled(cfg.compile, self.device.type) and cfg.engine.name == "hf"  # the shared loop's
+        self.eager_because = eager_because(cfg.method, drafter) if self.compile else None
+        self.verifier: CompiledVerifier | None = None  # the compiled path's, once the model is loaded
         self.sampling = Sampling(cfg.temperature, cfg.top_p)
         self.store = RunStore(Path(cfg.output_dir), config_digest(cfg, self.device, self.dtype), cfg.force)
         self.run_id = f"{Path(cfg.output_dir).name}@{datetime.now(timezone.utc):%Y%m%dT%H%M%S}"
@@ -312,9 +331,11 @@ class Runner:
         self.environment = environment.capture(self.device, self.dtype)
         self.bench = bench
         self.lm = lm
+        self.traffic: dict | None = None  # memory_traffic, once the model is loaded
         self.engine: Engine | None = None
         self.config_written = False
         self.peak_memory = (self.store.previous_summary or {}).get("peak_memory")
+        self.compile_record = self._compile_record()
 
     @staticmethod
     def _now() -> str:
@@ -353,6 +374,7 @@ class Runner:
         the first sample is: a model or drafter that fails to load leaves no folder behind (``_write_config``)."""
         if self.lm is None:
             self.lm = load_target(self.cfg, self.device, self.dtype)
+        self.traffic = self._traffic()
         self.store.begin()
         if self.cfg.get("budget") == "auto":
             self._choose_budget()
@@ -383,17 +405,22 @@ class Runner:
             self._start_vllm(first)
             return
         assert isinstance(self.lm, LoadedModel)  # given, or loaded by open() (engine=hf)
+        if self.compile and self.eager_because is None:
+            self.verifier = compiled_verifier(self.lm.model)
+            if first is not None:
+                self._compile(first)
         if first is not None and self.cfg.warmup:
             with torch.inference_mode():
                 warm_up_verify(self.lm.model)
-            engine = build_engine(self.cfg.method, self.lm, self.sampling, self.cfg.step_breakdown)
+            engine = build_engine(self.cfg.method, self.lm, self.sampling, self.cfg.step_breakdown, self.verifier)
             prompt_ids = self._prompt(first, [])
             for _ in range(self.cfg.warmup):
                 with torch.inference_mode():
                     engine.generate(
                         prompt_ids, self.cfg.max_new_tokens, sample_generator(self.cfg.seed, first.sample_id)
                     )
-        self.engine = build_engine(self.cfg.method, self.lm, self.sampling, self.cfg.step_breakdown)
+        self.engine = build_engine(self.cfg.method, self.lm, self.sampling, self.cfg.step_breakdown, self.verifier)
+        self.compile_record["compiled"] = self.engine.compiled  # what runs, as the engine says
         self._check_parts(self.engine.artefacts())
         if first is not None:
             self._replay_finished()
@@ -463,6 +490,43 @@ class Runner:
         if first is not None:
             self._replay_finished()
             engine.reset_prefix_cache()  # the warm-up's and replayed prompts: no cache hit for a measured prefill
+
+    def _traffic(self) -> dict | None:
+        """The summary's ``memory_traffic``: the bytes a batch-1 forward of the loaded target reads and this device's
+        peak bandwidth; None for vLLM, whose copy of the model lives in its own process."""
+        if not isinstance(self.lm, LoadedModel):
+            return None
+        peak = peak_bandwidth(self.device)
+        return {**memory_traffic(self.lm.model), "peak_bytes_per_s": peak["bytes_per_s"], "peak_source": peak["source"]}
+
+    def _compile_record(self) -> dict:
+        """The summary's ``compile`` before this writer compiled anything (its timed compilations carried over)."""
+        before = (self.store.previous_summary or {}).get("compile") or {}
+        return {
+            "setting": self.cfg.compile,
+            "compiled": self.compile and self.eager_because is None,
+            "eager_because": self.eager_because,
+            "buckets": None,
+            "compile_s": None,
+            "graphs": None,
+            "timed_compilations": before.get("timed_compilations", 0),
+        }
+
+    def _compile(self, first: Sample) -> None:
+        """Compile every bucket of the compiled path on a cache sized for ``first``, before any timed sample; the
+        seconds and graphs go to the summary's ``compile``."""
+        assert self.verifier is not None and self.lm is not None  # start_engine made both
+        rows = len(self._prompt(first, [])) + self.cfg.max_new_tokens
+        with torch.inference_mode():
+            warm = self.verifier.warm_up(rows)
+        print(
+            f"[specbench] compile: {len(self.verifier.buckets)} buckets {list(self.verifier.buckets)} in "
+            f"{warm.seconds:.1f} s ({warm.graphs} graphs compiled)",
+            file=sys.stderr,
+        )
+        self.compile_record.update(
+            buckets=list(self.verifier.buckets), compile_s=round(warm.seconds, 3), graphs=warm.graphs
+        )
 
     def _check_parts(self, parts: list[str]) -> None:
         """Refuse to add samples made with other drafts or heads to a folder's earlier ones (unless forced)."""
@@ -572,6 +636,7 @@ class Runner:
         with torch.inference_mode():
             synchronize(self.device)
             joules_before = self.energy.read()
+            graphs = compilations()
             start = time.perf_counter()
             if isinstance(self.engine, VLLMEngine):
                 gens = self.engine.generate_batch(
@@ -582,6 +647,7 @@ class Runner:
                 gens = [self.engine.generate(prompt_ids, self.cfg.max_new_tokens, generator)]
             synchronize(self.device)
             wall = time.perf_counter() - start
+            self.compile_record["timed_compilations"] += compilations() - graphs
             joules_after = self.energy.read()
         return gens, wall, joules_between(joules_before, joules_after, self.energy)
 
@@ -661,6 +727,8 @@ class Runner:
             budget=self.budget,
             engine=self.engine_record(),
             latency_curves=[curve.to_dict() for curve in cached_curves(cfg.model.name, self.device, self.dtype)],
+            compile=self.compile_record,
+            memory_traffic=self.traffic or (self.store.previous_summary or {}).get("memory_traffic"),
         )
 
 

@@ -220,6 +220,8 @@ class VLLMEngine:
     """The runner's engine for ``engine=vllm``: a vLLM worker process, one request batch (or, with ``server``, one
     load against vLLM's server) per call."""
 
+    compiled = False  # the shared loop's compiled path is not vLLM's (engine.engine_args.enforce_eager=false is)
+
     def __init__(
         self,
         python: Path,

@@ -15,7 +15,14 @@ import pytest
 
 from specbench import conformance
 
-SLOW_CHECKS = {"sampling", "resume"}
+SLOW_CHECKS = {"sampling", "resume", "compiled"}
+
+
+@pytest.fixture(autouse=True)
+def traced_graphs_only(monkeypatch):
+    """The compiled check runs torch.compile's aot_eager backend: the graphs runs compile, traced the same way, without
+    inductor's code generation (minutes per bucket on 2 cores); tests/test_compiled.py runs inductor itself."""
+    monkeypatch.setattr(conformance, "COMPILE_BACKEND", "aot_eager")
 
 
 def pytest_generate_tests(metafunc):

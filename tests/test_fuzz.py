@@ -504,6 +504,8 @@ def valid_summary(method: str, records: list[dict]) -> dict:
         budget=None,
         engine={"name": "hf", "batch_size": 1},
         latency_curves=[],
+        compile=None,
+        memory_traffic=None,
     )
 
 

@@ -43,7 +43,8 @@ class DecodeContext:
     step: int  # verify steps done so far in this generation
     generator: torch.Generator | None  # the run's seeded RNG (random pads, sampled drafts)
     cache: DynamicCache | None = None  # the target's KV cache of tokens[:-1]: a drafter may run the target on it
-    # (self-speculation) and append rows, but must crop it back to ``position`` rows before proposing
+    # (self-speculation) and append rows, but must crop it back to ``position`` rows before proposing; None on the
+    # compiled path, whose static cache is its own (such a drafter declares ``needs_dynamic_cache``)
 
     @property
     def root(self) -> int:
@@ -124,6 +125,9 @@ class Drafter:
     """
 
     hidden_layers: tuple[int, ...] = ()
+    needs_dynamic_cache: bool = False
+    """True for a drafter that runs the target on ``ctx.cache`` itself (self-speculation): it needs the eager path's
+    dynamic cache, so its engine never runs compiled (``compile=true`` runs it eager, and the run says why)."""
     COUNTERS: ClassVar[tuple[str, ...]] = ()
     """The per-generation counters this drafter keeps in its books."""
 

@@ -209,6 +209,7 @@ class FlatPass:
     input_ids: torch.Tensor  # [1, q] long
     position_ids: torch.Tensor  # [1, q] long
     attention_mask: torch.Tensor | None  # [1, 1, q, past + q] additive float, None = plain causal
+    # (with a fixed ``shape``: [1, 1, rows, columns])
 
 
 def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
@@ -227,30 +228,41 @@ def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
     return allowed
 
 
-def flatten(tree: DraftTree, past_len: int, dtype: torch.dtype, device: torch.device) -> FlatPass:
+def flatten(
+    tree: DraftTree, past_len: int, dtype: torch.dtype, device: torch.device, shape: tuple[int, int] | None = None
+) -> FlatPass:
     """Lay a tree (+ aux block) out as one forward: tokens, positions and the 4-D additive mask.
 
     The host sends the tokens and parents (one small copy); the mask and the positions (past length
-    + depth = number of ancestors) are built on ``device``.
+    + depth = number of ancestors) are built on ``device``. ``shape`` = (rows, columns) pads the pass to a
+    fixed size (the compiled path's bucket and static cache, ``specbench.core.compiled``): padding rows hold
+    token 0 at position ``past_len`` and see only themselves; every row is blocked from the columns after its
+    pass's rows (padding rows, and cache rows past the valid length).
 
-    NOTE: chains without aux rows get no mask at all, so the attention kernel takes its causal
-    fast path (this is what makes AR and SpeDe steps cost what HF ``generate`` steps cost).
+    NOTE: chains without aux rows and without ``shape`` get no mask at all, so the attention kernel takes its
+    causal fast path (this is what makes AR and SpeDe steps cost what HF ``generate`` steps cost).
     """
     n, aux = len(tree), tree.aux
-    if aux is None and tree.is_chain:
+    if aux is None and tree.is_chain and shape is None:
         tokens = torch.tensor(tree.tokens, dtype=torch.long, device=device)  # [n]
         positions = torch.arange(past_len, past_len + n, device=device)  # [n]
         return FlatPass(tokens[None], positions[None], None)
     tokens, parents = torch.tensor([tree.tokens, tree.parents], dtype=torch.long, device=device)  # [n] each
     m = len(aux) if aux is not None else 0
-    allowed = torch.zeros(n + m, n + m, dtype=torch.bool, device=device)  # [q, q] over the new rows
-    allowed[:n, :n] = ancestor_mask(parents)
-    positions = past_len - 1 + allowed[:n, :n].sum(dim=-1)  # [n] past_len + depth
+    rows, columns = shape or (n + m, past_len + n + m)
+    if rows < n + m or columns < past_len + rows:
+        raise ValueError(f"a pass of {n + m} rows after {past_len} cached ones does not fit the shape {shape}")
+    seen = torch.eye(rows, columns - past_len, dtype=torch.bool, device=device)  # [rows, columns - past]
+    seen[:n, :n] = ancestor_mask(parents)
+    positions = past_len - 1 + seen[:n, :n].sum(dim=-1)  # [n] past_len + depth
     if aux is not None:
         tokens = torch.cat([tokens, aux.tokens.to(device)])
         positions = torch.cat([positions, past_len + aux.pos_offsets.to(device)])
-        allowed[n:, 0] = True  # every aux row sees the root
-        allowed[n:, n:] = aux.mask.to(device)
-    mask = torch.zeros(n + m, past_len + n + m, dtype=dtype, device=device)  # [q, past+q]
-    mask[:, past_len:].masked_fill_(~allowed, torch.finfo(dtype).min)
+        seen[n : n + m, 0] = True  # every aux row sees the root
+        seen[n : n + m, n : n + m] = aux.mask.to(device)
+    if rows > n + m:  # padding rows: token 0 at the root's position
+        tokens = torch.nn.functional.pad(tokens, (0, rows - n - m))  # [rows]
+        positions = torch.nn.functional.pad(positions, (0, rows - n - m), value=past_len)  # [rows]
+    mask = torch.zeros(rows, columns, dtype=dtype, device=device)  # [rows, columns]
+    mask[:, past_len:].masked_fill_(~seen, torch.finfo(dtype).min)
     return FlatPass(tokens[None], positions[None], mask[None, None])

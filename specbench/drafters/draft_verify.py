@@ -102,6 +102,7 @@ class DraftVerify(Drafter):
     """Drafts a chain with the target's skipped-layer forward; exits early below the adaptive threshold."""
 
     COUNTERS = ("steps", "drafted", "accepted_tokens", "draft_forwards", "threshold_sum")
+    needs_dynamic_cache = True  # the skipped-layer draft runs on the target's own cache (ctx.cache)
 
     def __init__(
         self,

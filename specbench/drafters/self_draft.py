@@ -157,6 +157,7 @@ class SelfDraft(Drafter):
         self.use_corpus = bool(use_corpus_cache)
         self.official_step_cap = bool(official_step_cap)
         self.branch_filling = branch_filling
+        self.needs_dynamic_cache = branch_filling == "diagonal"  # its pads run on the target's cache (ctx.cache)
         self.official_context_update = bool(official_context_update)
         self.official_corpus_lookup = bool(official_corpus_lookup)
         self.official_flush = bool(official_flush)

@@ -17,7 +17,8 @@ AR_METHOD = "ar"
 # What a run must share with its AR baseline for a speedup to mean anything (docs/design.md#fair-comparisons):
 # the same target (weights, revision, chat template, dtype) answering prompts of the same format, in the same engine
 # at the same batch size (a vLLM run never pairs with the shared loop's AR); ``session`` keeps the runs of one
-# benchmark-suite session together ("" for ordinary runs). Per sample, the prompts'
+# benchmark-suite session together ("" for ordinary runs); ``compiled``: the same path (eager or compiled) unless the
+# report is asked for another baseline (``AR_BASELINES``). Per sample, the prompts'
 # token digests must agree too (``_pair_with``).
 MATCH_KEYS = [
     "model",
@@ -34,7 +35,11 @@ MATCH_KEYS = [
     "session",
     "prompt_format",
     "target",
+    "compiled",
 ]
+AR_BASELINES = ("same", "eager", "compiled")
+"""Which AR run a run is compared with: the one on its own path (eager or compiled), or the eager or compiled AR run
+for every run (the speedup of a compiled method over eager AR, or of an eager one over compiled AR)."""
 # A record's key within its run; ``repeat`` tells apart the repeats that ``merge_repeats`` puts in one run.
 SAMPLE_KEY = ["sample_id", "turn", "repeat"]
 BOOTSTRAP_SAMPLES = 1000
@@ -61,15 +66,22 @@ def first_divergence(output: Sequence[int], reference: Sequence[int]) -> int:
     return -1 if len(output) == len(reference) else min(len(output), len(reference))
 
 
-def _ar_partners(runs: pd.DataFrame) -> pd.Series:
-    """run_dir -> run_dir of its AR baseline (an AR run sharing MATCH_KEYS).
+def _ar_partners(runs: pd.DataFrame, against: str = "same") -> pd.Series:
+    """run_dir -> run_dir of its AR baseline (an AR run sharing MATCH_KEYS; with ``against`` eager or compiled, an AR
+    run on that path sharing the other keys).
 
     Preference: the bench session's baseline entry, then the run itself if it is AR, then the same dataset
     categories (``dataset.categories``), then the same seed, then the run with most records.
     """
+    if against not in AR_BASELINES:
+        raise ValueError(f"the AR baseline must be one of {AR_BASELINES}, got {against!r}")
     ar = runs.loc[runs["method"] == AR_METHOD, [*MATCH_KEYS, "run_dir", "seed", "n_records", "entry", "categories"]]
+    keys = MATCH_KEYS
+    if against != "same":
+        ar = ar[ar["compiled"] == (against == "compiled")]
+        keys = [key for key in MATCH_KEYS if key != "compiled"]
     own = runs[["run_dir", "seed", "baseline_entry", "categories", *MATCH_KEYS]]
-    pairs = own.merge(ar, on=MATCH_KEYS, suffixes=("", "_ar"))
+    pairs = own.merge(ar, on=keys, suffixes=("", "_ar"))
     is_baseline = (pairs["baseline_entry"] != "") & (pairs["entry"] == pairs["baseline_entry"])
     preference = pd.DataFrame(
         {
@@ -144,14 +156,15 @@ def _over_ar(matched: pd.DataFrame, runs: pd.DataFrame, column: str) -> pd.Serie
     return pd.to_numeric(matched[column]) / matched["ar_run_dir"].map(values)
 
 
-def match_ar(runs: pd.DataFrame, samples: pd.DataFrame | None = None) -> pd.DataFrame:
+def match_ar(runs: pd.DataFrame, samples: pd.DataFrame | None = None, against: str = "same") -> pd.DataFrame:
     """Runs plus ar_run_dir, overhead, n_common, speedup, speedup_mean, exact_match_rate vs AR (NaN: none).
 
     Overhead (Medusa's term) = step latency / the AR run's step latency, so speedup ~ tokens per
     step / overhead. With the cost model's columns (``metrics.cost_metrics``), also ``modelled_speedup``: the AR
     run's modelled ms per token over this run's (the speedup the cost model gives this run's own steps).
+    ``against`` picks the AR baseline's path (``AR_BASELINES``).
     """
-    partners = _ar_partners(runs)
+    partners = _ar_partners(runs, against)
     pairs = _pair_with(_samples_of(runs, samples), partners)
     matched = runs.assign(ar_run_dir=runs["run_dir"].map(partners))
     matched = matched.assign(overhead=_over_ar(matched, runs, "step_latency_s"))

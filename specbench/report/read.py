@@ -17,7 +17,7 @@ import pandas as pd
 from specbench.costmodel import LatencyCurve
 from specbench.dependencies import dependency_label
 from specbench.errors import UserError
-from specbench.metrics import aggregate, cost_metrics, machine_seconds
+from specbench.metrics import aggregate, cost_metrics, machine_seconds, traffic_metrics
 from specbench.schema import SAMPLE_FIELDS, upgrade_record, validate_record
 from specbench.settings import type_problems
 
@@ -50,6 +50,7 @@ RUN_COLUMNS = [
     "target",
     "artefacts",
     "budget",
+    "compiled",
     "env.git_commit",
     "env.git_dirty",
     "env.dependencies",
@@ -68,6 +69,7 @@ class Run:
     identity: dict
     records: list[dict]
     curves: tuple[LatencyCurve, ...] = ()
+    traffic: dict | None = None  # the summary's memory_traffic (what the bandwidth share is computed from)
 
 
 def find_run_dirs(paths: Iterable[PathLike]) -> list[Path]:
@@ -190,6 +192,22 @@ class SummaryBudget:
 
 
 @dataclass
+class SummaryCompile:
+    """The types of a summary's ``compile`` record (the compiled path) that the report reads."""
+
+    compiled: bool
+
+
+@dataclass
+class SummaryTraffic:
+    """The types of a summary's ``memory_traffic`` (what a step reads, the device's peak bandwidth)."""
+
+    weight_bytes: int
+    kv_bytes_per_token: int
+    peak_bytes_per_s: float
+
+
+@dataclass
 class RunIdentity:
     """The types of the summary.json fields the report reads (a field with a default may be absent: older runs)."""
 
@@ -210,6 +228,8 @@ class RunIdentity:
     budget: SummaryBudget | None = None
     engine: SummaryEngine | None = None
     latency_curves: list[dict] | None = None
+    compile: SummaryCompile | None = None
+    memory_traffic: SummaryTraffic | None = None
 
 
 def _identity(run_dir: Path, summary: dict) -> dict:
@@ -248,6 +268,7 @@ def _identity(run_dir: Path, summary: dict) -> dict:
         "target": summary.get("target") or "",
         "artefacts": ";".join(summary.get("artefacts") or []),
         "budget": budget_label(summary.get("budget")),
+        "compiled": bool((summary.get("compile") or {}).get("compiled")),  # the compiled path (false: eager, or older)
         "predicted_speedup": (summary.get("budget") or {}).get("predicted_speedup"),
         # provenance: the code and the dependency set that measured the run (``provenance_warning``)
         "env.git_commit": environment.get("git_commit"),
@@ -283,7 +304,7 @@ def read_run(run_dir: Path) -> Run:
     if not isinstance(summary, dict):
         raise ReportError(f"{path} must hold a JSON object, got {type(summary).__name__}")
     identity, records = _identity(run_dir, summary), read_records(run_dir)
-    return Run(counted(identity, records), records, summary_curves(run_dir, summary))
+    return Run(counted(identity, records), records, summary_curves(run_dir, summary), summary.get("memory_traffic"))
 
 
 def counted(identity: dict, records: list[dict]) -> dict:
@@ -307,7 +328,15 @@ def read_runs(paths: Iterable[PathLike]) -> list[Run]:
 def runs_frame(runs: list[Run]) -> pd.DataFrame:
     """One row per run: identity columns plus metrics recomputed from its raw records."""
     frame = pd.DataFrame(
-        [{**run.identity, **aggregate(run.records), **cost_metrics(run.records, run.curves)} for run in runs]
+        [
+            {
+                **run.identity,
+                **aggregate(run.records),
+                **cost_metrics(run.records, run.curves),
+                **traffic_metrics(run.records, run.traffic),
+            }
+            for run in runs
+        ]
     )
     metrics = [column for column in frame.columns if column not in RUN_COLUMNS]
     frame[metrics] = frame[metrics].apply(pd.to_numeric)  # None (no drafts, no steps) -> NaN

@@ -25,17 +25,37 @@ def traced_graphs_only(monkeypatch):
     monkeypatch.setattr(conformance, "COMPILE_BACKEND", "aot_eager")
 
 
+def family(name: str) -> tuple:
+    """What a method config runs: its engine, drafter class and acceptance rule (configs that differ only in knob
+    values, e.g. lade_13b beside lade, share one); a method on HF generate is its own."""
+    cfg = conformance.method_config(name)
+    if cfg.engine != "loop":
+        return (name,)
+    return (cfg.engine, cfg.drafter.get("_target_"), str(cfg.get("acceptance")), bool(cfg.get("lossless")))
+
+
+def first_of_each_family(names: list[str]) -> set[str]:
+    """The first config (in name order) of each family: the slow checks' subjects in the default suite."""
+    first: dict[tuple, str] = {}
+    for name in sorted(names):
+        first.setdefault(family(name), name)
+    return set(first.values())
+
+
 def pytest_generate_tests(metafunc):
-    """One test per (method, applicable check)."""
+    """One test per (method, applicable check). The slow checks (sampling, resume, compiled) test what a drafter class
+    does with the loop, so the default suite runs them on one config of each family (family()); configs named with
+    --method, and ``python -m specbench.conformance``, run every check on every config."""
     if "method" not in metafunc.fixturenames:
         return
     named = metafunc.config.getoption("--method")
     names = named or conformance.methods()
+    slow_subjects = set(names) if named else first_of_each_family(names)
     cases = [
         pytest.param(name, check, id=f"{name}-{check}", marks=[pytest.mark.slow] if check in SLOW_CHECKS else [])
         for name in names
         for check in conformance.CHECKS
-        if conformance.not_applicable(name, check) is None
+        if conformance.not_applicable(name, check) is None and (check not in SLOW_CHECKS or name in slow_subjects)
     ]
     metafunc.parametrize(("method", "check"), cases)
 

@@ -227,6 +227,7 @@ class RunIdentity:
     artefacts: list[str] | None = None
     budget: SummaryBudget | None = None
     engine: SummaryEngine | None = None
+    dataset_info: dict | None = None
     latency_curves: list[dict] | None = None
     compile: SummaryCompile | None = None
     memory_traffic: SummaryTraffic | None = None

@@ -101,13 +101,9 @@ def test_hub_shuffle_path_is_seeded(shared_data, monkeypatch):
 
 
 def test_mbpp_variant_and_sanitized_fields(shared_data):
-    data = load("mbpp100", shared_data)  # Self-Draft's: the sanitized test split, the statement alone
-    first = data.samples()[0]
-    assert data.describe()["variant"] == "sanitized" and data.describe()["n_total"] == 257
-    assert "Your code should pass" not in first.turns[0] and first.reference["test_list"]
-    full = load("mbpp100", shared_data, "dataset.split_variant=full", "dataset.template=task")
-    full.samples()
-    assert full.describe()["variant"] == "full" and full.describe()["n_total"] == 500
+    data = load("mbpp100", shared_data)
+    data.samples()
+    assert data.describe()["variant"] == "full" and data.describe()["n_total"] == 500
     sanitized = {
         "task_id": 11,
         "prompt": "Write f.",
@@ -322,14 +318,7 @@ def test_humaneval_and_mbpp_raw_prompts(shared_data, embedded):
     data = load("humaneval", shared_data, "dataset.prompt_format=raw")
     sample = data.samples(1)[0]
     assert data.prompt(embedded.tokenizer, sample, []) == sample.turns[0]
-    mbpp = load("mbpp100", shared_data, "dataset.prompt_format=llama2")  # Self-Draft's: the statement alone
-    sample = mbpp.samples(1)[0]
-    assert mbpp.prompt(embedded.tokenizer, sample, []) == (
-        "[INST] Write a function to flatten a list and sum all of its elements. [/INST]"
-    )
-    mbpp = load(
-        "mbpp100", shared_data, "dataset.prompt_format=llama2", "dataset.split_variant=full", "dataset.template=task"
-    )
+    mbpp = load("mbpp100", shared_data, "dataset.prompt_format=llama2")
     sample = mbpp.samples(1)[0]
     assert mbpp.prompt(embedded.tokenizer, sample, []) == (
         "[INST] You are an expert Python programmer, and here is your task: Write a python function to check "

@@ -412,7 +412,7 @@ def built_in_files(draw) -> tuple[str, str, bytes, dict[str, str]]:
 HUMANEVAL_LINE = (
     b'{"task_id": "HumanEval/0", "prompt": "def f():", "test": "", "entry_point": "f", "canonical_solution": ""}\n'
 )
-MBPP_TRAIN_LINE = b'{"task_id": 1, "prompt": "t", "code": "c", "test_list": []}\n'
+MBPP_TRAIN_LINE = b'{"task_id": 1, "text": "t", "code": "c", "test_list": []}\n'
 
 
 # Found: a task id that is a list (TypeError once the model had loaded), a dataset name that is a number (the report
@@ -423,7 +423,7 @@ MBPP_TRAIN_LINE = b'{"task_id": 1, "prompt": "t", "code": "c", "test_list": []}\
 @example(("humaneval", "humaneval.jsonl", HUMANEVAL_LINE.replace(b'"HumanEval/0"', b'["x"]'), {}), False)
 @example(("humaneval", "humaneval.jsonl", HUMANEVAL_LINE, {"dataset.name": "5.5"}), False)
 @example(("humaneval", "humaneval.jsonl", HUMANEVAL_LINE * 2, {}), False)
-@example(("mbpp100", "mbpp_sanitized.jsonl", MBPP_TRAIN_LINE, {}), False)
+@example(("mbpp100", "mbpp.jsonl", MBPP_TRAIN_LINE, {}), False)
 def test_any_built_in_data_file_is_run_or_one_error_line(dataset, full):
     """A file named like a built-in dataset's local copy in a data_dir (generated records, damaged), and its
     settings at generated values."""

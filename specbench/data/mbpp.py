@@ -8,13 +8,11 @@ Two variants (``split_variant``):
 - ``sanitized``: the hand-verified subset the Self-Draft paper sampled from
   (docs/methods/self_draft.md#evaluation-protocol-of-the-paper);
   Hub config ``sanitized``, split ``test`` (257); fields ``prompt`` (instead of ``text``), ``code``,
-  ``test_list``, ``test_imports``. Local ``mbpp_sanitized.jsonl`` (all splits, in the Hub's fields) or Hub.
+  ``test_list``, ``test_imports``. It is not in the shared offline folder; a local copy in the Hub's
+  fields may be saved as ``mbpp_sanitized.jsonl``.
 
-The user turn (``template``): ``task``, the MBPP paper's zero-shot task wording "You are an expert Python
-programmer, and here is your task: {text} Your code should pass these tests:\\n\\n{tests}" (one assert per
-line); or ``statement``, the problem text alone, as Self-Draft's evaluation asks it (``self_draft/utils.py`` at
-38bf7fe: ``load_mbpp_eval`` returns ``load_dataset(file_path, 'sanitized')['test']['prompt']``, and
-``extract_question`` passes an MBPP question on unchanged).
+The user turn is the MBPP paper's zero-shot task wording: "You are an expert Python programmer, and
+here is your task: {text} Your code should pass these tests:\\n\\n{tests}" (one assert per line).
 """
 
 from __future__ import annotations
@@ -26,12 +24,9 @@ from specbench.errors import ConfigError
 
 TEST_TASK_IDS = range(11, 511)
 VARIANT_FILES = {"full": "mbpp.jsonl", "sanitized": "mbpp_sanitized.jsonl"}
-TEMPLATES = {
-    "task": "You are an expert Python programmer, and here is your task: {text} Your code should pass these tests:\n\n"
-    "{tests}",
-    "statement": "{text}",
-}
-"""The user turn of a problem: the MBPP paper's task wording, or the statement alone (Self-Draft's evaluation)."""
+TASK_TEMPLATE = (
+    "You are an expert Python programmer, and here is your task: {text} Your code should pass these tests:\n\n{tests}"
+)
 
 
 def task_text(record: dict) -> str:
@@ -46,13 +41,10 @@ class MBPP(Dataset):
     hub_id = "google-research-datasets/mbpp"
     hub_split = "test"
 
-    def __init__(self, name: str, split_variant: str = "full", template: str = "task", **kwargs):
+    def __init__(self, name: str, split_variant: str = "full", **kwargs):
         if split_variant not in VARIANT_FILES:
             raise ConfigError(f"dataset.split_variant must be one of {tuple(VARIANT_FILES)}; got {split_variant!r}")
-        if template not in TEMPLATES:
-            raise ConfigError(f"dataset.template must be one of {tuple(TEMPLATES)}; got {template!r}")
         super().__init__(name, **kwargs)
-        self.template = TEMPLATES[template]
         self.variant = split_variant
         self.local_file = VARIANT_FILES[split_variant]
         self.hub_config = split_variant
@@ -82,7 +74,7 @@ class MBPP(Dataset):
         tests = "\n".join(record["test_list"])
         return Sample(
             sample_id=f"mbpp/{record['task_id']}",
-            turns=[self.template.format(text=task_text(record), tests=tests)],
+            turns=[TASK_TEMPLATE.format(text=task_text(record), tests=tests)],
             reference={
                 "code": record["code"],
                 "test_list": record["test_list"],

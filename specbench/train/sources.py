@@ -6,7 +6,7 @@ Sources (``prompts.sources``), each a list of user turns:
   (3.3.2); Hub dataset ``Aeala/ShareGPT_Vicuna_unfiltered`` (file ``prompts.sharegpt.file``), or that
   file placed in ``data_dir``.
 - ``mbpp_train``: the MBPP problems outside the evaluated test split (task_id 511-974 = the train and
-  validation splits), in the MBPP paper's task wording (``dataset.template=task``); offline from
+  validation splits), worded exactly as ``dataset=mbpp100`` words its test problems; offline from
   ``data_dir/mbpp.jsonl``.
 - ``dolly_dev``: Dolly records after the Lookahead test split (``dataset=dolly split=dev``); offline
   the shared copy holds only 17 of them, the Hub has 14,011.

@@ -201,6 +201,12 @@ behaviour: at that value the key stays out of the digest, so the stored runs (ma
 exactly that behaviour) keep their digests; any other value is a new setting and enters the digest."""
 
 
+def loop_compiles(setting: object, engine: str, device_type: str) -> bool:
+    """Whether the shared loop takes the compiled path: ``compile`` resolved on this device type, for specbench's own
+    engine only (vLLM compiles by its own engine arguments)."""
+    return engine == "hf" and compile_enabled(setting, device_type)
+
+
 def config_digest(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> str:
     """sha256 over everything that determines a sample's result (resolved device and dtype included).
 
@@ -211,7 +217,7 @@ def config_digest(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> 
     identity = without_locations(OmegaConf.to_container(cfg, resolve=True))
     for key in RUN_ONLY_KEYS:
         identity.pop(key, None)
-    if compile_enabled(identity.pop("compile", False), device.type) and identity["engine"]["name"] == "hf":
+    if loop_compiles(identity.pop("compile", False), identity["engine"]["name"], device.type):
         identity["compile"] = True
     if identity.get("budget") is None:  # the method's default: digests as before budgets existed
         identity.pop("budget", None)
@@ -312,7 +318,7 @@ class Runner:
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
-        self.compile = compile_enabled(cfg.compile, self.device.type) and cfg.engine.name == "hf"  # the shared loop's
+        self.compile = loop_compiles(cfg.compile, cfg.engine.name, self.device.type)
         self.eager_because = eager_because(cfg.method, drafter) if self.compile else None
         self.verifier: CompiledVerifier | None = None  # the compiled path's, once the model is loaded
         self.sampling = Sampling(cfg.temperature, cfg.top_p)

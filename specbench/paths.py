@@ -34,8 +34,3 @@ def env_or_shared(variable: str, part: str) -> str | None:
     root = checkout()
     folder = root.parent / SHARED_BESIDE / part if root is not None else None
     return str(folder) if folder is not None and folder.is_dir() else None
-
-
-def distilled_draft_dir(target_name: str) -> Path:
-    """Where the distilled draft of ``target_name`` lives (``model.draft.source=distilled``)."""
-    return cache_root() / "drafts" / f"{target_name}-distilled"

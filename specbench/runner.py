@@ -44,6 +44,7 @@ from specbench.models.loading import (
     resolve_device,
     resolve_dtype,
 )
+from specbench.models.parts import method_input_nodes, part_nodes
 from specbench.profile import cached_curves
 from specbench.schema import PHASES, SCHEMA_VERSION
 from specbench.settings import setting_problems
@@ -189,7 +190,7 @@ def without_locations(node, path: str = ""):
     }
 
 
-METHOD_INPUT_KEYS = ("eagle", "eagle3", "hydra", "layer_skip")
+METHOD_INPUT_KEYS = method_input_nodes()
 """Nodes of the model config that only a method's drafter reads, through an interpolation in the method node
 (``method.drafter.head: ${model.eagle}``): they enter the digest there, resolved, and are left out of the
 model node, so adding one to a model config keeps the digests of every other method's stored runs."""
@@ -241,8 +242,8 @@ HF_ENGINE_KEYS = ("engine", "batch_size", "concurrency")
 method's ``vllm`` node (its counterpart, read by engine=vllm only), so runs stored before engine= keep theirs."""
 
 
-PART_NODES = ("draft", "medusa", "eagle", "eagle3", "hydra", "layer_skip")
-"""Nodes of the model config that name a method's parts (drafts, heads), not the target itself."""
+PART_NODES = part_nodes()
+"""Nodes of the model config that name a method's parts (drafts, heads, skipped sets), not the target itself."""
 
 
 def target_digest(cfg: DictConfig, dtype: torch.dtype) -> str:

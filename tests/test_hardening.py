@@ -323,15 +323,15 @@ def distilled_stand_in(folder: Path, seed: int) -> None:
 def test_runs_record_their_parts_and_never_mix_two(tmp_path, monkeypatch):
     """The distilled draft a run used is named by its weights digest in the summary; after the draft is
     retrained (same config, new weights), a run into the same folder is refused instead of mixing them."""
-    from specbench.paths import distilled_draft_dir
+    from specbench.models.parts import part_kind
 
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
-    distilled_stand_in(distilled_draft_dir("tiny_llama"), seed=1)
+    distilled_stand_in(part_kind("draft").folder("tiny_llama"), seed=1)
     out = tmp_path / "run"
     runner(out, "method=spede", "model.draft.source=distilled", "limit=1").run()
     parts = json.loads((out / "summary.json").read_text())["artefacts"]
     assert len(parts) == 1 and parts[0].startswith("draft:") and "/" not in parts[0]
-    distilled_stand_in(distilled_draft_dir("tiny_llama"), seed=2)
+    distilled_stand_in(part_kind("draft").folder("tiny_llama"), seed=2)
     with pytest.raises(RunConflict, match="holds samples made with"):
         runner(out, "method=spede", "model.draft.source=distilled", "limit=2").run()
     assert len((out / "samples.jsonl").read_text().splitlines()) == 1

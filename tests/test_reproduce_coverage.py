@@ -4,8 +4,8 @@ stored smoke runs keep their folders and config digests, and the plan's cost est
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from dataclasses import replace
+from pathlib import Path
 
 import pandas as pd
 import pytest

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from specbench.errors import ConfigError, DataUnavailable
-from specbench.paths import cache_root, distilled_draft_dir
+from specbench.models.parts import part_kind
+from specbench.paths import cache_root
 from specbench.train import __main__ as cli
 from specbench.train import selfdistill, sources
 from specbench.train.agreement import chain_steps
@@ -173,7 +174,7 @@ def test_train_draft_end_to_end_saves_a_loadable_draft_once(training_cache, shar
 
     overrides = TINY_DRAFT + [f"data_dir={shared_data}"]
     assert cli.main(["draft", *overrides]) == 0
-    out = distilled_draft_dir("tiny_llama")
+    out = part_kind("draft").folder("tiny_llama")
     assert out.parent == training_cache / "drafts" and "agreement" in capsys.readouterr().out
     record = json.loads((out / "training.json").read_text())
     assert record["training"]["steps_done"] == 3 and record["draft"]["copied_target_layers"] == [0]

@@ -33,7 +33,7 @@ from specbench import environment
 from specbench.errors import ConfigError
 from specbench.files import atomic_dir, building
 from specbench.manifest import trained_with, write_manifest
-from specbench.paths import distilled_draft_dir
+from specbench.models.parts import part_kind
 from specbench.train.agreement import agreement_report, expected_speedup, latency_report
 from specbench.train.batches import Batch, answer_logits, check_soft_labels, collate
 from specbench.train.common import (
@@ -339,7 +339,7 @@ def main(overrides: list[str]) -> None:
     """Train (or find) the distilled draft of ``model`` and report its held-out agreement."""
     cfg = compose_train("draft", overrides)
     validate(cfg)
-    out_dir = Path(cfg.output_dir).expanduser() if cfg.output_dir else distilled_draft_dir(cfg.model.name)
+    out_dir = Path(cfg.output_dir).expanduser() if cfg.output_dir else part_kind("draft").folder(cfg.model.name)
     settings = settings_digest(cfg)
     if not cfg.force and trained_with(out_dir, settings):
         print(

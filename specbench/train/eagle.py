@@ -33,7 +33,7 @@ from specbench.core.verify import layer_rows
 from specbench.errors import ConfigError
 from specbench.files import building
 from specbench.manifest import finished_training
-from specbench.models.eagle_heads import EagleHead, config_for_target, save_head, trained_dir
+from specbench.models.eagle_heads import EagleHead, config_for_target, save_head
 from specbench.train.common import (
     OptimizerSettings,
     TrainerSettings,
@@ -372,7 +372,7 @@ def accuracy_table(result: dict) -> str:
 def main(overrides: list[str]) -> Path:
     """Train (or reuse) the EAGLE head for ``model``; print and save its per-depth held-out accuracy."""
     started = time.monotonic()
-    job = head_training("eagle", "head", overrides, validate, trained_dir)
+    job = head_training("eagle", "head", overrides, validate)
     cfg, lm, data, folder = job.cfg, job.lm, job.data, job.folder
     previous = None if cfg.force else finished_training(folder, job.digest)
     if previous is not None:

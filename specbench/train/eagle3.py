@@ -35,7 +35,7 @@ from transformers.models.llama.modeling_llama import repeat_kv
 from specbench.errors import ConfigError
 from specbench.files import building
 from specbench.manifest import finished_training
-from specbench.models.eagle3_heads import Eagle3Head, fused_layers, save_head, trained_dir
+from specbench.models.eagle3_heads import Eagle3Head, fused_layers, save_head
 from specbench.models.eagle_heads import config_for_target
 from specbench.models.vocab import most_frequent
 from specbench.train.common import (
@@ -346,7 +346,7 @@ def vocabulary_coverage(sequences: list[Sequence], head: Eagle3Head) -> float:
 def main(overrides: list[str]) -> Path:
     """Train (or reuse) the EAGLE-3 head for ``model``; print and save its per-depth held-out accuracy."""
     started = time.monotonic()
-    job = head_training("eagle3", "head", overrides, validate, trained_dir)
+    job = head_training("eagle3", "head", overrides, validate)
     cfg, lm, data, folder = job.cfg, job.lm, job.data, job.folder
     previous = None if cfg.force else finished_training(folder, job.digest)
     if previous is not None:

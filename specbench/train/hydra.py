@@ -26,7 +26,7 @@ import torch
 from specbench.errors import ConfigError
 from specbench.files import building
 from specbench.manifest import finished_training
-from specbench.models.hydra_heads import ARCHS, HydraHeads, heads_for, save_hydra, trained_dir
+from specbench.models.hydra_heads import ARCHS, HydraHeads, heads_for, save_hydra
 from specbench.train.common import (
     OptimizerSettings,
     TrainerSettings,
@@ -198,7 +198,7 @@ def accuracy_table(result: dict) -> str:
 def main(overrides: list[str]) -> Path:
     """Train (or reuse) Hydra heads for ``model``; print and save per-head held-out accuracies."""
     started = time.monotonic()
-    job = head_training("hydra", "heads", overrides, validate, trained_dir)
+    job = head_training("hydra", "heads", overrides, validate)
     cfg, lm, data, folder = job.cfg, job.lm, job.data, job.folder
     previous = None if cfg.force else finished_training(folder, job.digest)
     if previous is not None:

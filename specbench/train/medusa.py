@@ -30,7 +30,7 @@ from tqdm import tqdm
 from specbench.errors import ConfigError
 from specbench.files import building
 from specbench.manifest import finished_training
-from specbench.models.medusa_heads import MedusaHeads, save_heads, trained_dir
+from specbench.models.medusa_heads import MedusaHeads, save_heads
 from specbench.train.common import (
     OptimizerSettings,
     TimeBudget,
@@ -313,7 +313,7 @@ def accuracy_table(result: dict) -> str:
 
 def main(overrides: list[str]) -> Path:
     """Train (or reuse) Medusa heads for ``model``; print and save per-head accuracies."""
-    job = head_training("medusa", "heads", overrides, validate, trained_dir)
+    job = head_training("medusa", "heads", overrides, validate)
     cfg, lm, data, folder = job.cfg, job.lm, job.data, job.folder
     previous = None if cfg.force else finished_training(folder, job.digest)
     if previous is not None:

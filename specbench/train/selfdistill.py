@@ -34,6 +34,7 @@ from specbench.data.prompts import conversation, render
 from specbench.errors import ConfigError
 from specbench.files import write_atomic
 from specbench.models.loading import LoadedModel
+from specbench.models.parts import part_kind
 from specbench.paths import cache_root
 from specbench.train.common import compose_train, container, digest, load_target, model_identity
 from specbench.train.sources import SOURCES, drop_evaluation_prompts, source_prompts
@@ -362,7 +363,6 @@ def head_training(
     head_key: str,
     overrides: list[str],
     validate: Callable[[DictConfig], None],
-    trained_dir: Callable[[str], Path],
 ) -> HeadTraining:
     """Compose and check ``python -m specbench.train <command>``, load the target and its self-distilled data;
     the settings digest covers the model, the data, the ``head_key`` node and every training key."""
@@ -370,7 +370,7 @@ def head_training(
     validate(cfg)
     lm = load_target(cfg)
     data = self_distilled(lm, cfg.prompts, cfg.data_dir, cfg.progress, cfg.train.eval_sequences)
-    folder = Path(cfg.output_dir) if cfg.output_dir else trained_dir(lm.name)
+    folder = Path(cfg.output_dir) if cfg.output_dir else part_kind(command).folder(lm.name)
     settings = {
         "model": model_identity(lm),
         "data": digest([[d.prompt_ids, d.output_ids] for d in data]),

@@ -19,13 +19,12 @@ import fcntl
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
 from tqdm import tqdm
 from transformers import GenerationConfig, GenerationMixin, LogitsProcessor, LogitsProcessorList
 
@@ -34,9 +33,8 @@ from specbench.data.prompts import conversation, render
 from specbench.errors import ConfigError
 from specbench.files import write_atomic
 from specbench.models.loading import LoadedModel
-from specbench.models.parts import part_kind
 from specbench.paths import cache_root
-from specbench.train.common import compose_train, container, digest, load_target, model_identity
+from specbench.train.common import container, digest, model_identity
 from specbench.train.sources import SOURCES, drop_evaluation_prompts, source_prompts
 
 FORMAT_VERSION = 1
@@ -343,38 +341,3 @@ def data_summary(data: list[SelfDistilled]) -> dict:
         "answer_tokens": sum(len(d.output_ids) for d in data),
         "by_source": {s: sum(d.source == s for d in data) for s in sources},
     }
-
-
-@dataclass
-class HeadTraining:
-    """What a head trainer (Medusa, EAGLE) starts from: its config, the target, the self-distilled data, the
-    output folder, and the settings that define the head with their digest."""
-
-    cfg: DictConfig
-    lm: LoadedModel
-    data: list[SelfDistilled]
-    folder: Path
-    settings: dict
-    digest: str
-
-
-def head_training(
-    command: str,
-    head_key: str,
-    overrides: list[str],
-    validate: Callable[[DictConfig], None],
-) -> HeadTraining:
-    """Compose and check ``python -m specbench.train <command>``, load the target and its self-distilled data;
-    the settings digest covers the model, the data, the ``head_key`` node and every training key."""
-    cfg = compose_train(command, overrides)
-    validate(cfg)
-    lm = load_target(cfg)
-    data = self_distilled(lm, cfg.prompts, cfg.data_dir, cfg.progress, cfg.train.eval_sequences)
-    folder = Path(cfg.output_dir) if cfg.output_dir else part_kind(command).folder(lm.name)
-    settings = {
-        "model": model_identity(lm),
-        "data": digest([[d.prompt_ids, d.output_ids] for d in data]),
-        head_key: container(cfg[head_key]),
-        "train": container(cfg.train),
-    }
-    return HeadTraining(cfg, lm, data, folder, settings, digest(settings))

@@ -130,9 +130,11 @@ def test_the_methods_vllm_runs_map_their_knobs():
     )
     assert parts == []
     assert differences(compose_config("engine=vllm", "method=pld").method) == {
-        "drafter.occurrence": ("latest", "first")
+        "drafter.occurrence": ("latest", "first"),
+        "drafter.continuation": ("repeat", "truncate"),
     }
-    assert differences(compose_config("engine=vllm", "method=pld", "method.drafter.occurrence=first").method) == {}
+    same = ("method.drafter.occurrence=first", "method.drafter.continuation=truncate")
+    assert differences(compose_config("engine=vllm", "method=pld", *same).method) == {}
     ar, _ = engine_args(compose_config("engine=vllm", "method=ar"), 2048)
     assert "speculative_config" not in ar and "per_request_spec_decode_metrics" not in ar
 

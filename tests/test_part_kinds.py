@@ -41,7 +41,7 @@ def test_a_missing_part_names_the_command_that_builds_it(tmp_path, monkeypatch):
     assert kind.folder("tiny_x") == tmp_path / "hydra" / "tiny_x"
     assert PART_KINDS["draft"].folder("tiny_x") == tmp_path / "drafts" / "tiny_x-distilled"
     with pytest.raises(ModelUnavailable, match=r"python -m specbench\.train hydra model=tiny_x"):
-        kind.manifest("tiny_x")
+        kind.built("tiny_x")
     kind.folder("tiny_x").mkdir(parents=True)  # a folder without a manifest: never used
     with pytest.raises(ModelUnavailable, match="no manifest.json"):
-        kind.manifest("tiny_x")
+        kind.built("tiny_x")

@@ -269,8 +269,7 @@ def load_eagle3(node, target: PreTrainedModel, target_name: str) -> LoadedEagle3
         head, accuracy = published_head(str(node["path"]), node.get("revision"), target)
         return LoadedEagle3(head, layers, str(node["path"]), accuracy)
     if source == "trained":
-        kind = part_kind("eagle3")
-        folder, manifest = kind.folder(target_name), kind.manifest(target_name)
+        folder, manifest = part_kind("eagle3").built(target_name)
         head, accuracy = published_head(str(folder), None, target)
         return LoadedEagle3(head, layers, part_name("eagle3", folder, manifest), accuracy)
     seed = int(node.get("seed", 0))

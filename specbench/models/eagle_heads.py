@@ -298,8 +298,7 @@ def trained_accuracy(folder: Path) -> list[float] | None:
 def trained_head(target_name: str, target: PreTrainedModel) -> LoadedHead:
     """Our own trained head for ``target_name`` (only if its manifest says training finished), named in runs by
     its weights digest."""
-    kind = part_kind("eagle")
-    folder, manifest = kind.folder(target_name), kind.manifest(target_name)
+    folder, manifest = part_kind("eagle").built(target_name)
     loaded = published_head(str(folder), None, target)
     return LoadedHead(loaded.head, part_name("eagle", folder, manifest), loaded.top1_by_depth)
 

@@ -269,8 +269,7 @@ def random_hydra(target: PreTrainedModel, num_heads: int, num_layers: int, arch:
 
 def trained_hydra(target_name: str, target: PreTrainedModel) -> LoadedHydra:
     """Heads trained here for ``target_name`` (only with a finished manifest)."""
-    kind = part_kind("hydra")
-    folder, manifest = kind.folder(target_name), kind.manifest(target_name)
+    folder, manifest = part_kind("hydra").built(target_name)
     loaded = published_hydra(str(folder), None, target)
     return LoadedHydra(loaded.heads, str(folder), loaded.rank_accuracy, part_name("hydra", folder, manifest))
 

@@ -291,8 +291,7 @@ def calibration_table(folder: Path) -> list[list[float]] | None:
 def trained_heads(target_name: str, target: PreTrainedModel) -> LoadedHeads:
     """Our own trained heads for ``target_name`` (only if their manifest says training finished), with the
     calibration table saved beside them."""
-    kind = part_kind("medusa")
-    folder, manifest = kind.folder(target_name), kind.manifest(target_name)
+    folder, manifest = part_kind("medusa").built(target_name)
     weights = folder / WEIGHT_FILES[0]
     heads = heads_from_state(read_tensors(weights), target)
     return LoadedHeads(heads, str(folder), calibration_table(folder), part_name("medusa", folder, manifest))

@@ -46,15 +46,16 @@ class PartKind:
         """The command that builds this part for ``target_name``."""
         return f"python -m specbench.train {self.command} model={target_name}"
 
-    def manifest(self, target_name: str) -> dict:
-        """The finished manifest of this part for ``target_name``, or a ModelUnavailable saying how to build it."""
+    def built(self, target_name: str) -> tuple[Path, dict]:
+        """This part's folder for ``target_name`` and its finished manifest, or a ModelUnavailable saying how to
+        build it."""
         folder = self.folder(target_name)
         if not folder.is_dir():
             raise ModelUnavailable(
                 f"No trained {self.title} for model '{target_name}' (looked in {folder}). "
                 f"Train with: {self.command_line(target_name)}"
             )
-        return finished_manifest(folder, self.title, self.command_line(target_name))
+        return folder, finished_manifest(folder, self.title, self.command_line(target_name))
 
 
 PART_KINDS: dict[str, PartKind] = {

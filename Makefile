@@ -20,8 +20,8 @@ SHARED ?= $(abspath ../shared)
 export SPECBENCH_DATA_DIR ?= $(SHARED)/datasets
 export SPECBENCH_CORPUS_DIR ?= $(SHARED)/corpus/sotu_1946_2026
 
-.PHONY: install engine-vllm lock lock-upgrade check-latest demo test test-fast fuzz lint bench-ar bench-model-free bench-engines bench-draft bench-medusa bench-eagle bench-quality bench-auto bench-figures bench-all train-draft train-medusa \
-	train-hydra train-eagle train-eagle3 train-vocab profile report \
+.PHONY: install engine-vllm lock lock-upgrade check-latest demo test test-fast fuzz lint bench-ar bench-model-free bench-engines bench-crosscheck bench-draft bench-medusa bench-eagle bench-quality bench-auto bench-figures bench-all train-draft train-medusa \
+	train-hydra train-eagle train-eagle3 train-vocab profile report notebook \
 	reproduce-tables reproduce-run reproduce-build parity clean
 
 SCALE ?= smoke
@@ -105,6 +105,12 @@ bench-quality: install train-medusa  ## at T=0.7: AR, lossy and lossless Medusa,
 bench-engines: install engine-vllm train-draft  ## AR, PLD, SuffixDecoding, SpeDe in vLLM at batch sizes 1-16 (speedup over vLLM's AR at each)
 	$(PY) -m specbench.bench engines
 
+bench-crosscheck: install engine-vllm train-draft  ## AR, PLD, SuffixDecoding, SpeDe in specbench's loop and in vLLM, HumanEval then MT-Bench; then the cross-check view
+	$(PY) -m specbench.bench crosscheck
+	$(PY) -m specbench.report $$(ls -d results/bench/crosscheck/*/ | tail -1) --merge-repeats --view crosscheck
+	$(PY) -m specbench.bench crosscheck --dataset mt_bench --limit 10
+	$(PY) -m specbench.report $$(ls -d results/bench/crosscheck/*/ | tail -1) --merge-repeats --view crosscheck
+
 bench-figures:  ## acceptance.png (acceptance by draft depth) in every stored bench session that drafted
 	for session in results/bench/*/*/; do \
 		$(PY) -m specbench.report $$session --merge-repeats --view acceptance --plot $$session/acceptance.png >/dev/null; \
@@ -143,6 +149,12 @@ profile: install  ## forward latency vs tokens per pass on the embedded model (C
 
 report: install  ## table over every stored run
 	$(PY) -m specbench.report results/runs
+
+# notebooks/*.ipynb run top to bottom (jupyter nbconvert) on the stored results, or on SPECBENCH_RESULTS=DIR;
+# each saved with its tables and plots as HTML (open it in a browser, no Jupyter needed).
+NOTEBOOK_OUT ?= results/notebooks
+notebook: install  ## run the notebooks on the stored runs -> results/notebooks/*.html
+	$(PY) -m jupyter nbconvert --to html --execute notebooks/*.ipynb --output-dir $(NOTEBOOK_OUT)
 
 # smoke: the embedded model on CPU; paper: the papers' models, for a GPU machine with the weights. The draft and
 # heads a pending job needs are trained by `reproduce run` itself, only when such a job is left and no finished

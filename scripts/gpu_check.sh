@@ -31,6 +31,20 @@
 #                GPU_CHECK_EMBEDDED_LIMIT prompts (10), calibrating on GPU_CHECK_EMBEDDED_CALIBRATION held-out prompts
 #                (5): what budget=auto picks on a GPU where drafts are accepted (the random 7B model accepts none),
 #                and its prediction against the achieved speedup. Needs build/gpu_check_embedded from --prepare.
+#   compiled     DIR/compiled/<session>/ (+ compiled.log), not among the default phases: conf/bench/compiled.yaml on the
+#                random Llama-2-7B-shaped model in GPU_CHECK_DTYPE, GPU_CHECK_COMPILED_ENTRIES (default AR, PLD and
+#                EAGLE-2, each eager and compiled: torch.compile with CUDA graphs on a static cache, every bucket
+#                compiled once before the first timed sample); the log's tables give AR's ms per token on both paths,
+#                each run's bandwidth share (of the H100/H200 data sheet's peak) and its speedups against compiled
+#                and against eager AR; compiled_report.log adds the bandwidth floor per token (--view cost --ar eager).
+#                Random heads accept nothing: EAGLE-2's numbers are its cost per step. The summaries' compile records
+#                hold the compilation seconds.
+#   compiled_embedded  DIR/embedded_compiled/compiled/<session>/ (+ compiled_embedded.log), not among the default
+#                phases: the same suite on the embedded model (float32, its trained Medusa and EAGLE heads, needs
+#                build/gpu_check_embedded as the embedded phase does), GPU_CHECK_EMBEDDED_LIMIT prompts: speedups
+#                against compiled AR beside those against eager AR where drafts are accepted.
+# The bench, budgets and embedded phases pin compile=false (their stored sessions measured the eager path, which
+# compile=auto would no longer take on a GPU); the compiled phases set it per entry.
 # GPU_CHECK_PHASES picks phases (default "profile bench diagnose budgets"); GPU_CHECK_ENTRIES="LABEL ..." runs only
 # those bench entries (and AR); GPU_CHECK_LIMIT prompts (default 3) of GPU_CHECK_MAX_NEW_TOKENS (128);
 # GPU_CHECK_DTYPE the target's dtype (float16; bfloat16). Every phase's log starts and ends with the cgroup's CPU
@@ -80,6 +94,8 @@ EMBEDDED_SECONDS="${GPU_CHECK_EMBEDDED_SECONDS:-540}"
 EMBEDDED_LIMIT="${GPU_CHECK_EMBEDDED_LIMIT:-10}"
 EMBEDDED_CALIBRATION="${GPU_CHECK_EMBEDDED_CALIBRATION:-5}"
 IFS=, read -ra EMBEDDED_ENTRIES <<<"${GPU_CHECK_EMBEDDED_ENTRIES:-ar,medusa,medusa auto,eagle2,eagle2 auto,pld,pld auto,lookahead,lookahead auto}"
+COMPILED_SECONDS="${GPU_CHECK_COMPILED_SECONDS:-540}"
+IFS=, read -ra COMPILED_ENTRIES <<<"${GPU_CHECK_COMPILED_ENTRIES:-ar,ar compiled,pld,pld compiled,eagle2,eagle2 compiled}"
 HEADS=(medusa eagle)  # the embedded model's trained parts under specbench's cache, <part>/smollm2_135m
 
 # Wheels of PACKAGES at this environment's versions, and the embedded tokenizer, into $CARRY.
@@ -204,6 +220,20 @@ pack() {
   fi
 }
 
+# The newest session under FOLDER (a compiled phase's) against eager AR with the bandwidth floor, and the compile
+# records (seconds, graphs, graphs compiled inside timed samples) of its runs, into LOG.
+compiled_report() {
+  local session
+  session="$(ls -d "$1"/*/ 2>/dev/null | tail -1)"
+  [[ -n "$session" ]] || return 0
+  {
+    "$PYTHON" -m specbench.report "$session" --merge-repeats --view cost --ar eager
+    "$PYTHON" -c 'import json, sys
+for path in sys.argv[1:]:
+    print(path, json.load(open(path))["compile"])' "$session"/*/r*/summary.json
+  } 2>&1 | tee "$2" || true
+}
+
 # Whether PHASE is among GPU_CHECK_PHASES.
 wanted() {
   [[ " $PHASES " == *" $1 "* ]]
@@ -236,7 +266,7 @@ main() {
   # step_breakdown=true: the per-step overhead share needs the phase times (one sync per phase end;
   # every entry, AR included, pays them alike)
   local bench=("$PYTHON" -m specbench.bench all_methods model=llama2_7b_random --device cuda --dtype "$DTYPE"
-    --limit "$LIMIT" --max-new-tokens "$MAX_NEW_TOKENS" --out "$out" step_breakdown=true)
+    --limit "$LIMIT" --max-new-tokens "$MAX_NEW_TOKENS" --out "$out" step_breakdown=true compile=false)
   if wanted bench; then
     local status=0 started=$SECONDS
     # shellcheck disable=SC2086  # one word per entry label
@@ -263,7 +293,8 @@ main() {
   fi
   # the hardware_aware suite on the GPU at the check's length (the budgets and embedded phases add model, dtype,
   # prompts, --out and entries)
-  local budgets=("$PYTHON" -m specbench.bench hardware_aware --device cuda --max-new-tokens "$MAX_NEW_TOKENS")
+  local budgets=("$PYTHON" -m specbench.bench hardware_aware --device cuda --max-new-tokens "$MAX_NEW_TOKENS"
+    compile=false)
   if wanted budgets; then
     phase "$BUDGETS_SECONDS" "$logs/budgets.log" "${budgets[@]}" model=llama2_7b_random --dtype "$DTYPE" \
       --limit "$LIMIT" --out "$out" calibration.prompts=2 --entries pld "pld auto" lookahead "lookahead auto" || true
@@ -276,6 +307,24 @@ main() {
         --limit "$EMBEDDED_LIMIT" --out "$out/embedded" "calibration.prompts=$EMBEDDED_CALIBRATION" \
         --entries "${EMBEDDED_ENTRIES[@]}" || true
       pack "$out" "$flat" embedded
+    fi
+  fi
+  # eager vs compiled entries of conf/bench/compiled.yaml (the compiled phases add model, dtype, prompts and --out)
+  local compiled=("$PYTHON" -m specbench.bench compiled --device cuda --max-new-tokens "$MAX_NEW_TOKENS"
+    --entries "${COMPILED_ENTRIES[@]}")
+  if wanted compiled; then
+    phase "$COMPILED_SECONDS" "$logs/compiled.log" "${compiled[@]}" model=llama2_7b_random --dtype "$DTYPE" \
+      --limit "$LIMIT" --out "$out" || true
+    compiled_report "$out/compiled" "$logs/compiled_report.log"
+    pack "$out" "$flat" compiled
+  fi
+  if wanted compiled_embedded; then
+    local cache=/tmp/gpu_check_embedded_cache
+    if embedded_cache "$cache" 2>&1 | tee "$logs/embedded_setup.log"; then
+      SPECBENCH_CACHE="$cache" phase "$COMPILED_SECONDS" "$logs/compiled_embedded.log" "${compiled[@]}" \
+        --dtype float32 --limit "$EMBEDDED_LIMIT" --out "$out/embedded_compiled" || true
+      compiled_report "$out/embedded_compiled/compiled" "$logs/compiled_embedded_report.log"
+      pack "$out" "$flat" embedded_compiled
     fi
   fi
   echo "gpu check done: $out"

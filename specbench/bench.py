@@ -15,7 +15,8 @@ prompt twice.
 Nothing is measured here: each entry and round is an ordinary run folder written by the runner
 (``<out>/<SUITE>/<session>/<entry>/r<round>/``, the summary naming the suite, session, entry and
 baseline), and the printed table is the report's ``steps`` view of the session
-(``python -m specbench.report SESSION --merge-repeats --view steps`` prints it again).
+(``python -m specbench.report SESSION --merge-repeats --view steps`` prints it again); with compiled entries it is
+printed a second time against eager AR (``--ar eager``).
 """
 
 from __future__ import annotations
@@ -333,7 +334,11 @@ def run(args: argparse.Namespace) -> Path:
         f"max_new_tokens={first.max_new_tokens} temperature={first.temperature} rounds={rounds} "
         f"device={environment['device_name']} dtype={dtype_name(dtype)} threads={torch.get_num_threads()}"
     )
-    print(format_table(table([session], repeats=True, view="steps")))
+    steps = table([session], repeats=True, view="steps")
+    print(format_table(steps))
+    if steps["compiled"].any():  # compiled entries: their speedups against eager AR too (the table above: same path)
+        print("against eager AR:")
+        print(format_table(table([session], repeats=True, view="steps", against="eager")))
     cost = table([session], repeats=True, view="cost")
     if cost["ideal_speedup"].notna().any():  # a latency curve is cached for this model and device
         print(format_table(cost))
@@ -550,6 +555,8 @@ def legacy_summary(
         budget=None,
         engine={"name": "hf", "batch_size": 1},
         latency_curves=[],
+        compile=None,
+        memory_traffic=None,
         converted_from=source,
     )
 

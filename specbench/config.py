@@ -22,6 +22,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from specbench.errors import ConfigError, UserError
+from specbench.paths import env_or_shared
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -48,13 +49,42 @@ def suffix(prefix: str, value: object) -> str:
     return "" if value is None else f"{prefix}{value}"
 
 
+COMPILE_SETTINGS = (True, False, "auto")
+"""The values of the ``compile`` run setting (the compiled path: ``specbench.core.compiled``)."""
+
+
+def compile_enabled(setting: object, device_type: str) -> bool:
+    """Resolve ``compile`` (true | false | auto) on a device type: auto is on for CUDA, where kernel launches bound a
+    step at batch 1, off on CPU."""
+    if setting not in COMPILE_SETTINGS:
+        raise ConfigError(f"compile must be true, false or auto (got {setting!r})")
+    return device_type == "cuda" if isinstance(setting, str) else bool(setting)
+
+
+def compiled_suffix(setting: object, device: object) -> str:
+    """``${compiled_suffix:${compile},${device}}``: ``-compiled`` in the folder of a run that takes the compiled path,
+    nothing for an eager run (so eager folders keep their names); a bad value is left to the run's validation."""
+    if setting not in COMPILE_SETTINGS:
+        return ""
+    import torch  # here: only a folder name that asks for compile=auto needs it
+
+    on_cuda = str(device).startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    return "-compiled" if compile_enabled(setting, "cuda" if on_cuda else "cpu") else ""
+
+
 def load_folder(batch_size: int, concurrency: int | None) -> str:
     """``${load_folder:${batch_size},${concurrency}}``: how requests reach an engine, in a folder name: ``-c8`` (8 in
     flight against a server) or ``-b4`` (offline batches of 4)."""
     return f"-b{batch_size}" if concurrency is None else f"-c{concurrency}"
 
 
-for name, resolver in (("file_stem", file_stem), ("suffix", suffix), ("load_folder", load_folder)):
+for name, resolver in (
+    ("file_stem", file_stem),
+    ("suffix", suffix),
+    ("load_folder", load_folder),
+    ("compiled_suffix", compiled_suffix),
+    ("env_or_shared", env_or_shared),
+):
     if not OmegaConf.has_resolver(name):
         OmegaConf.register_new_resolver(name, resolver)
 

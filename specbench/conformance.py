@@ -11,11 +11,19 @@ Checks (docs/adding-a-method.md#what-the-framework-checks-for-you):
 - ``greedy``: a lossless method's greedy output equals AR's, token for token (prompts that make drafters draft).
 - ``budget``: exactly ``max_new_tokens`` tokens for budgets 1, 2 and 7, however many a step could accept.
 - ``eos``: generation ends at the first EOS token (equal to AR's output up to it, for lossless methods).
-- ``sampling``: at T > 0 the law of the output equals the target's (Pearson chi-square on a model with a
-  vocabulary of 16, outputs of 3 tokens); lossy methods are exempt.
+- ``sampling``: at T > 0 the law of the output equals the target's, on a model with a vocabulary of 16: the Pearson
+  chi-square of the first 3 tokens, and the drafted-token statistic (how often the emitted token is a drafted one,
+  against the target's exact law, at every position a draft covered); lossy methods are exempt. ``--thorough``
+  draws ten times as often.
 - ``knobs``: every numeric drafter knob given a string is refused with an error naming ``method.drafter.<key>``.
 - ``breakdown``: the step breakdown's phases cover each step's time (methods on the shared loop).
-- ``resume``: a run extended from ``limit=1`` to ``limit=2`` holds each sample once.
+- ``resume``: a run stopped after one sample and resumed holds each sample once and records the steps (outputs,
+  accepted lengths, drafted tokens, drafter counters) of a run that went through.
+- ``compiled``: on the compiled path (``specbench.core.compiled``: a static cache, bucketed widths) the output equals
+  the eager path's, greedy (AR's, for a lossless method) and sampled at T > 0 with the same seed (the same draws, so
+  the same law); a drafter that declares ``needs_dynamic_cache`` runs eager instead, which the check confirms.
+  ``COMPILE_BACKEND`` (``--backend``) is torch.compile's backend: ``inductor`` as in runs; the test suite uses
+  ``aot_eager`` (the same traced graphs without code generation, which would cost minutes per bucket on 2 cores).
 """
 
 from __future__ import annotations
@@ -27,7 +35,8 @@ import random
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from itertools import product
@@ -39,8 +48,11 @@ from omegaconf import DictConfig, OmegaConf
 from specbench.cli import ArgumentParser, user_errors
 from specbench.config import add_user_config_dirs, compose_config, group_options
 from specbench.core.acceptance import Sampling, target_probs
+from specbench.core.compiled import compiled_verifier
+from specbench.core.drafter import DecodeContext, Drafter
 from specbench.core.loop import Engine
-from specbench.engines import build_engine, check_method
+from specbench.core.tree import DraftTree, child_lists
+from specbench.engines import build_engine, check_method, eager_because
 from specbench.errors import UserError
 from specbench.models.loading import LoadedModel, build_tiny_llama, load_model
 from specbench.runner import Runner
@@ -56,12 +68,16 @@ BUDGETS = (1, 2, 7)
 SAMPLING = Sampling(temperature=0.7)
 SAMPLING_VOCAB = 16  # wider than every method's top-k (Medusa's and EAGLE-2's 10)
 LOGIT_SCALE = 8.0  # the small model's output layer scaled up: a law far from uniform, most mass on ~40 outputs
-SAMPLING_LENGTH = 3
+SAMPLING_LENGTH = 3  # the first tokens of each draw, whose joint law the chi-square compares (16^3 outcomes)
+DRAW_LENGTH = 8  # tokens per draw: the drafted-token statistic reads every position a draft covered
 SAMPLING_TRIALS = 600
-SAMPLING_MIN_P = 1e-3  # a lossless method fails one run in a thousand by chance
+THOROUGH_TRIALS = 6000  # --thorough: ten times the draws, about three times the z of a given bias
+SAMPLING_MIN_P = 1e-3  # a lossless method fails one run in a thousand by chance (both statistics together)
+LAW_BATCH = 200  # draws per teacher-forced forward that computes the target's law along their outputs
 SAMPLING_SEED_PROMPT = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3]
 BREAKDOWN_TOLERANCE = 0.03
-CHECKS = ("builds", "greedy", "budget", "eos", "sampling", "knobs", "breakdown", "resume")
+COMPILE_BACKEND = "inductor"
+CHECKS = ("builds", "greedy", "budget", "eos", "sampling", "knobs", "breakdown", "resume", "compiled")
 
 
 @dataclass(frozen=True)
@@ -106,9 +122,13 @@ def small_vocab_lm() -> LoadedModel:
     return LoadedModel(model, None, "tiny_llama", "tiny", frozenset(), arch["max_position_embeddings"])
 
 
-def engine_for(name: str, lm: LoadedModel, sampling: Sampling | None = None, breakdown: bool = False) -> Engine:
-    """The method's engine on ``lm`` (greedy unless ``sampling`` says otherwise; step breakdown as asked)."""
-    return build_engine(method_config(name), lm, sampling or Sampling(), breakdown)
+def engine_for(
+    name: str, lm: LoadedModel, sampling: Sampling | None = None, breakdown: bool = False, compiled: bool = False
+) -> Engine:
+    """The method's engine on ``lm`` (greedy unless ``sampling`` says otherwise; step breakdown as asked; on the
+    compiled path with ``COMPILE_BACKEND`` when ``compiled``)."""
+    verifier = compiled_verifier(lm.model, COMPILE_BACKEND) if compiled else None
+    return build_engine(method_config(name), lm, sampling or Sampling(), breakdown, verifier)
 
 
 def generate(engine: Engine, prompt: list[int], max_new_tokens: int, seed: int | None = None):
@@ -255,20 +275,144 @@ def chi_square_sf(stat: float, dof: int) -> float:
     return 0.5 * math.erfc(z / math.sqrt(2.0))
 
 
-def sampled_law(engine: Engine, trials: int = SAMPLING_TRIALS) -> Counter:
-    """How often each output comes out of ``trials`` generations seeded 0, 1, ..."""
-    return Counter(
-        tuple(generate(engine, list(sampling_prompt()), SAMPLING_LENGTH, seed).output_ids) for seed in range(trials)
-    )
+@dataclass(frozen=True)
+class Proposal:
+    """One step's draft as the sampling check reads it: where it starts, its tree, and whether it counts."""
+
+    done: int  # output tokens committed before the step (the first one it emits is output[done])
+    tokens: tuple[int, ...]
+    parents: tuple[int, ...]
+    counts: bool  # the draft is independent of the token the step emits, given the output before it
 
 
-def check_sampling(name: str) -> str:
-    """At T > 0 the output law is the target's: chi-square p-value above SAMPLING_MIN_P."""
-    counts = sampled_law(engine_for(name, small_vocab_lm(), SAMPLING))
+@dataclass
+class Draw:
+    """One seeded generation of the sampling check: its output and the drafts of its steps."""
+
+    output: list[int]
+    proposals: list[Proposal]
+
+
+@contextmanager
+def recorded(engine: Engine) -> Iterator[list[Proposal]]:
+    """The drafts ``engine`` proposes while the block runs (none for an engine without a drafter on the loop).
+
+    A draft counts when the emitted token's law cannot depend on it: one-hot drafts (no ``draft_probs``: every rule
+    then draws the emitted token from the target's law whatever was drafted), or drafts whose ``propose`` drew
+    nothing from the run's generator (deterministic given the past: their only correct law is one-hot). A sampled
+    draft with its draft law is tied to the emitted token by the speculative rule on purpose, so it does not count.
+    """
+    drafter = getattr(engine, "drafter", None)
+    proposals: list[Proposal] = []
+    if not isinstance(drafter, Drafter):
+        yield proposals
+        return
+    propose = drafter.propose
+
+    def recording(ctx: DecodeContext) -> DraftTree:
+        generator = ctx.generator
+        before = generator.get_state() if generator is not None else None
+        tree = propose(ctx)
+        drew = generator is not None and before is not None and not torch.equal(before, generator.get_state())
+        counts = tree.draft_probs is None or not drew
+        proposals.append(Proposal(len(ctx.tokens) - ctx.prompt_len, tuple(tree.tokens), tuple(tree.parents), counts))
+        return tree
+
+    drafter.propose = recording  # type: ignore[method-assign]
+    try:
+        yield proposals
+    finally:
+        del drafter.propose
+
+
+def sampled_draws(engine: Engine, trials: int = SAMPLING_TRIALS) -> list[Draw]:
+    """``trials`` generations of DRAW_LENGTH tokens seeded 0, 1, ..., with their drafts."""
+    draws = []
+    with recorded(engine) as proposals:
+        for seed in range(trials):
+            output = generate(engine, list(sampling_prompt()), DRAW_LENGTH, seed).output_ids
+            draws.append(Draw(output, list(proposals)))
+            proposals.clear()
+    return draws
+
+
+def output_laws(outputs: list[list[int]]) -> list[torch.Tensor]:
+    """Per output, the target's law at SAMPLING of each of its tokens given the ones before ([length, vocab]), from
+    teacher-forced forwards over prompt + output (batched by length)."""
+    model, prompt = small_vocab_lm().model, list(sampling_prompt())
+    laws: list[torch.Tensor] = [torch.empty(0)] * len(outputs)
+    by_length: dict[int, list[int]] = {}
+    for index, output in enumerate(outputs):
+        by_length.setdefault(len(output), []).append(index)
+    with torch.inference_mode():
+        for indices in by_length.values():
+            for start in range(0, len(indices), LAW_BATCH):
+                batch = indices[start : start + LAW_BATCH]
+                ids = torch.tensor([prompt + outputs[i][:-1] for i in batch])  # [batch, prompt + length - 1]
+                logits = model(ids).logits[:, len(prompt) - 1 :]  # [batch, length, vocab]
+                for i, probs in zip(batch, target_probs(logits.float(), SAMPLING)):
+                    laws[i] = probs
+    return laws
+
+
+def drafted_positions(draw: Draw, laws: torch.Tensor) -> Iterator[tuple[bool, float]]:
+    """At every position of the output that a counting draft covered: whether the emitted token is one of the
+    tokens drafted there, and the target's probability of those tokens given the output before it.
+
+    A step's draft covers the positions along its accepted path: at each, the drafted children of the node reached
+    (accepted or rejected: the law of the token emitted next to them is what a lossy rule changes).
+    """
+    for proposal in draw.proposals:
+        if not proposal.counts:
+            continue
+        children = child_lists(proposal.parents)
+        node, position = 0, proposal.done
+        while position < len(draw.output) and children[node]:
+            drafted = {proposal.tokens[child]: child for child in children[node]}
+            emitted = draw.output[position]
+            yield emitted in drafted, float(laws[position][list(drafted)].sum())
+            if emitted not in drafted:
+                break
+            node, position = drafted[emitted], position + 1
+
+
+def drafted_token_statistic(draws: list[Draw]) -> tuple[float, int, float]:
+    """(z, positions, two-sided p-value) of how often the emitted token is a drafted one, against the target's law.
+
+    Under a lossless method each position adds ``hit - p`` with mean zero given the output before it (a martingale
+    difference of variance ``p (1 - p)``), so the sum over n positions divided by its standard deviation is close to
+    N(0, 1). A lossy rule or a draft law that misreports moves the emitted token towards (or away from) the drafts
+    at every such position, which this one degree of freedom collects, where the chi-square spreads it over all
+    outputs.
+    """
+    hits = expected = variance = 0.0
+    positions = 0
+    for draw, laws in zip(draws, output_laws([draw.output for draw in draws])):
+        for hit, p in drafted_positions(draw, laws):
+            hits += hit
+            expected += p
+            variance += p * (1.0 - p)
+            positions += 1
+    if variance <= 0.0:
+        return 0.0, positions, 1.0
+    z = (hits - expected) / math.sqrt(variance)
+    return z, positions, math.erfc(abs(z) / math.sqrt(2.0))
+
+
+def check_sampling(name: str, trials: int = SAMPLING_TRIALS) -> str:
+    """At T > 0 the output law is the target's: the chi-square of the first SAMPLING_LENGTH tokens' joint law and the
+    drafted-token statistic each have a p-value above SAMPLING_MIN_P / 2."""
+    draws = sampled_draws(engine_for(name, small_vocab_lm(), SAMPLING), trials)
+    counts = Counter(tuple(draw.output[:SAMPLING_LENGTH]) for draw in draws)
     stat, dof, p_value = chi_square(counts, exact_output_law())
-    if p_value <= SAMPLING_MIN_P:
-        raise AssertionError(f"output law differs from the target's: chi2 {stat:.1f}, dof {dof}, p {p_value:.2g}")
-    return f"T={SAMPLING.temperature}: chi2 {stat:.1f} on {dof} dof, p {p_value:.2f} ({SAMPLING_TRIALS} draws)"
+    z, positions, z_p_value = drafted_token_statistic(draws)
+    verdict = (
+        f"T={SAMPLING.temperature}, {trials} draws: chi2 {stat:.1f} on {dof} dof, p {p_value:.2g}; drafted tokens "
+        f"z {z:+.2f} over {positions} positions, p {z_p_value:.2g}"
+    )
+    if min(p_value, z_p_value) <= SAMPLING_MIN_P / 2:
+        raise AssertionError(f"output law differs from the target's: {verdict}")
+    return verdict
 
 
 def numeric_knobs(cfg: DictConfig) -> list[str]:
@@ -314,31 +458,84 @@ def check_breakdown(name: str) -> str:
     return f"phases cover {phases / steps:.1%} of the step time"
 
 
+RESUME_PROMPTS = "Name a color.\nCount to three.\nCount to three.\nName a color.\n"
+"""Prompts of the resume check: repeats, so that what a drafter keeps across requests changes what it drafts."""
+RESUME_LIMITS = (1, 4)
+RESUME_FIELDS = (
+    "output_ids",
+    "target_forwards",
+    "accept_lengths",
+    "draft_tokens",
+    "draft_depth",
+    "verify_tokens",
+    "side_branch",
+)
+"""What a resumed run's records must share with an uninterrupted run's (with the drafter's counters, timers aside)."""
+
+
+def resume_run(name: str, folder: Path, limits: tuple[int, ...]) -> list[dict]:
+    """The records of runs of the method over RESUME_PROMPTS into one folder, one per limit (the default warm-up)."""
+    prompts_file = folder.parent / "prompts.txt"
+    prompts_file.write_text(RESUME_PROMPTS)
+    for limit in limits:
+        cfg = compose_config(
+            "model=tiny_llama",
+            f"method={name}",
+            *STAND_IN_OVERRIDES.get(name, ()),
+            "dataset=jsonl",
+            f"dataset.path={prompts_file}",
+            f"limit={limit}",
+            "max_new_tokens=12",
+            "progress=false",
+            f"output_dir={folder}",
+        )
+        Runner(cfg).run()
+    return [json.loads(line) for line in (folder / "samples.jsonl").read_text().splitlines() if line.strip()]
+
+
+def steps_of(record: dict) -> dict:
+    """What a record says about the steps of its generation: RESUME_FIELDS and the drafter's counters (no timers)."""
+    stats = {key: value for key, value in (record["drafter_stats"] or {}).items() if not key.endswith("_s")}
+    return {**{field: record[field] for field in RESUME_FIELDS}, "drafter_stats": stats}
+
+
 def check_resume(name: str) -> str:
-    """A run extended from limit=1 to limit=2 in the same folder holds each of its samples once."""
+    """A run stopped after its first sample and resumed holds each sample once and records the same steps as a run
+    that went through: what a drafter keeps across requests is rebuilt before the first pending sample."""
     with tempfile.TemporaryDirectory() as folder:
-        prompts_file = Path(folder) / "prompts.txt"
-        prompts_file.write_text("Say hello.\nName a color.\nCount to three.\n")
-        run = Path(folder) / "run"
-        for limit in (1, 2):
-            cfg = compose_config(
-                "model=tiny_llama",
-                f"method={name}",
-                *STAND_IN_OVERRIDES.get(name, ()),
-                "dataset=jsonl",
-                f"dataset.path={prompts_file}",
-                f"limit={limit}",
-                "max_new_tokens=6",
-                "warmup=0",
-                "progress=false",
-                f"output_dir={run}",
+        resumed = resume_run(name, Path(folder) / "resumed", RESUME_LIMITS)
+        straight = resume_run(name, Path(folder) / "straight", RESUME_LIMITS[-1:])
+    ids = [record["sample_id"] for record in resumed]
+    if ids != [record["sample_id"] for record in straight]:
+        raise AssertionError(f"after resuming to limit={RESUME_LIMITS[-1]} the run holds samples {ids}")
+    for before, after in zip(straight, resumed):
+        different = {key for key, value in steps_of(before).items() if steps_of(after)[key] != value}
+        if different:
+            raise AssertionError(
+                f"sample {before['sample_id']} recorded other {sorted(different)} after the resume than without it"
             )
-            Runner(cfg).run()
-        lines = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines() if line.strip()]
-    ids = [record["sample_id"] for record in lines]
-    if sorted(ids) != ["1", "2"]:
-        raise AssertionError(f"after resuming to limit=2 the run holds samples {ids}")
-    return "limit 1 then 2: samples 1 and 2, once each"
+    return f"limit {RESUME_LIMITS[0]} then {RESUME_LIMITS[-1]}: each sample once, the steps of an uninterrupted run"
+
+
+def check_compiled(name: str) -> str:
+    """Compiled output equals eager output on a prompt, greedy (AR's for a lossless method) and sampled at SAMPLING
+    with one seed; a method that cannot run compiled says why and runs eager."""
+    reason = eager_because(method_config(name), check_method(method_config(name)))
+    prompt = prompts()[0]
+    for sampling, seed in ((Sampling(), None), (SAMPLING, 0)):
+        engine = engine_for(name, tiny_lm(), sampling, compiled=True)
+        if engine.compiled == (reason is not None):
+            raise AssertionError(f"compiled={engine.compiled}, but the method's reason to run eager is {reason!r}")
+        out = tuple(generate(engine, list(prompt), GREEDY_TOKENS, seed).output_ids)
+        if sampling.greedy and is_lossless(name):
+            truth = ar_output(prompt, GREEDY_TOKENS)
+        else:
+            truth = tuple(generate(engine_for(name, tiny_lm(), sampling), list(prompt), GREEDY_TOKENS, seed).output_ids)
+        if out != truth:
+            first = next((i for i, (a, b) in enumerate(zip(out, truth)) if a != b), len(truth))
+            raise AssertionError(f"T={sampling.temperature}: the output differs from the eager path's at token {first}")
+    path = "compiled" if reason is None else f"eager ({reason})"
+    return f"{path}: greedy and sampled (T={SAMPLING.temperature}, one seed) outputs equal the eager path's"
 
 
 CHECK_FUNCTIONS: dict[str, Callable[[str], str]] = {
@@ -350,6 +547,7 @@ CHECK_FUNCTIONS: dict[str, Callable[[str], str]] = {
     "knobs": check_knobs,
     "breakdown": check_breakdown,
     "resume": check_resume,
+    "compiled": check_compiled,
 }
 
 
@@ -359,20 +557,30 @@ def not_applicable(name: str, check: str) -> str | None:
     cfg = method_config(name)
     if check in ("greedy", "sampling") and not cfg.get("lossless", False):
         return "lossy (lossless: false): its outputs are not the target's"
-    if check in ("knobs", "breakdown") and cfg.engine != "loop":
+    if check in ("knobs", "breakdown", "compiled") and cfg.engine != "loop":
         return f"engine {cfg.engine}: no drafter on the shared loop"
     return None
 
 
-def run_check(name: str, check: str) -> Result:
-    """One check on one method; a failure (or a user error it raises) is captured in the Result."""
-    reason = not_applicable(name, check)
-    if reason is not None:
-        return Result(name, check, None, reason)
+def run_check(name: str, check: str, thorough: bool = False) -> Result:
+    """One check on one method (``thorough``: the sampling check draws THOROUGH_TRIALS); whatever it raises (a failed
+    assertion, a user error, a crash in the drafter) is a failure captured in the Result with its one-line cause, so
+    the suite goes on to the next check."""
     try:
+        reason = not_applicable(name, check)
+        if reason is not None:
+            return Result(name, check, None, reason)
+        if check == "sampling" and thorough:
+            return Result(name, check, True, check_sampling(name, THOROUGH_TRIALS))
         return Result(name, check, True, CHECK_FUNCTIONS[check](name))
-    except (AssertionError, UserError) as failure:
-        return Result(name, check, False, str(failure))
+    except Exception as failure:  # a judge: every crash is a verdict, not the end of the suite
+        return Result(name, check, False, one_line(failure))
+
+
+def one_line(error: Exception) -> str:
+    """An exception as one line: its message (with its type unless it is a failed check or a user error)."""
+    message = next((line.strip() for line in str(error).splitlines() if line.strip()), "(no message)")
+    return message if isinstance(error, (AssertionError, UserError)) else f"{type(error).__name__}: {message}"
 
 
 # -- the command line ------------------------------------------------------------------------------
@@ -384,12 +592,22 @@ def _parser() -> ArgumentParser:
     parser.add_argument("methods", nargs="*", metavar="METHOD", help="method configs (default: every one)")
     parser.add_argument("--config-dir", "-cd", dest="config_dirs", action="append", default=[], metavar="DIR")
     parser.add_argument("--checks", nargs="+", choices=CHECKS, default=list(CHECKS), help="which checks to run")
+    parser.add_argument(
+        "--thorough",
+        action="store_true",
+        help=f"the sampling check with {THOROUGH_TRIALS} draws instead of {SAMPLING_TRIALS} (minutes per method)",
+    )
+    parser.add_argument(
+        "--backend", default=COMPILE_BACKEND, help="torch.compile's backend for the compiled check (default inductor)"
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the checks, print one line each; exit 1 if any failed."""
     args = _parser().parse_args(argv)
+    global COMPILE_BACKEND
+    COMPILE_BACKEND = args.backend
     with user_errors(argv):
         add_user_config_dirs(args.config_dirs)
         names = args.methods or methods()
@@ -399,7 +617,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         failed = 0
         for name in names:
             for check in args.checks:
-                result = run_check(name, check)
+                result = run_check(name, check, args.thorough)
                 mark = {True: "pass", False: "FAIL", None: "n/a "}[result.passed]
                 print(f"{mark}  {name:20s} {check:10s} {result.detail}", flush=True)
                 failed += result.passed is False

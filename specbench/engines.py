@@ -15,6 +15,7 @@ from specbench.core.acceptance import Sampling
 from specbench.core.drafter import Drafter
 from specbench.core.loop import Decoder, Engine, Generation, synchronize
 from specbench.core.rules import acceptance_rule
+from specbench.core.verify import Verifier
 from specbench.errors import ConfigError
 from specbench.models.draft import load_draft, vocab_width
 from specbench.models.loading import LoadedModel
@@ -47,6 +48,8 @@ class HFGenerate:
             **generate_kwargs,
         )
 
+    compiled = False  # transformers' own generate: never the compiled path
+
     def stats(self) -> dict:
         """HF generate exposes no drafter internals."""
         return {}
@@ -54,6 +57,15 @@ class HFGenerate:
     def artefacts(self) -> list[str]:
         """The assistant draft, for assisted generation."""
         return self.parts
+
+    def replay(
+        self, prompt_ids: list[int], output_ids: list[int], max_new_tokens: int, generator: torch.Generator | None
+    ) -> list[int] | None:
+        """Plain ``generate`` keeps nothing across requests; assisted generation runs again (the assistant's heuristic
+        number of draft tokens, kept in its generation config, follows the acceptance of every call)."""
+        if "assistant_model" not in self.call_kwargs:
+            return None
+        return self.generate(prompt_ids, max_new_tokens, generator).output_ids
 
     def generate(
         self, prompt_ids: list[int], max_new_tokens: int, generator: torch.Generator | None = None
@@ -116,12 +128,27 @@ def check_method(method_cfg: DictConfig) -> Drafter | None:
     return instantiate_checked(method_cfg.drafter)
 
 
+def eager_because(method_cfg: DictConfig, drafter: Drafter | None) -> str | None:
+    """Why a method runs eager even with ``compile`` on (None: it can run compiled); ``drafter`` is
+    ``check_method``'s."""
+    if drafter is None:
+        return f"engine {method_cfg.engine} runs transformers' own generate, outside the shared loop"
+    if drafter.needs_dynamic_cache:
+        return f"{type(drafter).__name__} runs the target on its KV cache itself (needs_dynamic_cache)"
+    return None
+
+
 def build_engine(
-    method_cfg: DictConfig, lm: LoadedModel, sampling: Sampling, step_breakdown: bool | str = "auto"
+    method_cfg: DictConfig,
+    lm: LoadedModel,
+    sampling: Sampling,
+    step_breakdown: bool | str = "auto",
+    verifier: Verifier | None = None,
 ) -> Engine:
     """The object whose ``generate(prompt_ids, max_new_tokens, generator)`` the runner times.
 
-    ``step_breakdown`` switches the loop's per-phase timing (see ``specbench.core.loop``).
+    ``step_breakdown`` switches the loop's per-phase timing (see ``specbench.core.loop``); ``verifier`` is the
+    compiled path's (``specbench.core.compiled``), which a method that cannot take it (``eager_because``) leaves.
     """
     drafter = check_method(method_cfg)
     if drafter is None:
@@ -131,4 +158,6 @@ def build_engine(
         return HFGenerate(lm.model, lm.eos_ids, sampling, generate_kwargs, kwargs, [part] if part else None)
     accept_fn = acceptance_rule(method_cfg.get("acceptance", "match"), method_cfg.get("acceptance_kwargs"))
     drafter.setup(lm.model, lm.tokenizer)
-    return Decoder(lm.model, drafter, lm.eos_ids, sampling, accept_fn, step_breakdown)
+    if eager_because(method_cfg, drafter) is not None:
+        verifier = None
+    return Decoder(lm.model, drafter, lm.eos_ids, sampling, accept_fn, step_breakdown, verifier)

@@ -33,14 +33,26 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
+def ordinary_modes(folder: Path) -> None:
+    """Give ``folder``, its sub-folders and files the modes a new folder or file gets here (0755 / 0644 under the
+    usual umask 022): mkdtemp and safetensors' ``save_file`` make them private (0700 / 0600), unlike their
+    siblings in a shared cache."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in (folder, *folder.rglob("*")):
+        if not path.is_symlink():
+            path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
+
+
 @contextmanager
 def atomic_dir(target: Path) -> Iterator[Path]:
-    """A staging directory beside ``target`` that replaces it only when the ``with`` block succeeds."""
+    """A staging directory beside ``target`` that replaces it only when the ``with`` block succeeds (its files with
+    ordinary modes, ``ordinary_modes``)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    staging.chmod(0o755)  # mkdtemp makes it private; the result is an ordinary shared cache folder
     try:
         yield staging
+        ordinary_modes(staging)
         if target.exists():
             old = target.with_name(f".{target.name}-old")
             shutil.rmtree(old, ignore_errors=True)

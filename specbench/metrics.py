@@ -220,9 +220,40 @@ def cost_metrics(records: list[dict], curves: Sequence[LatencyCurve]) -> dict:
     }
 
 
+TRAFFIC_METRICS = ("step_bytes", "achieved_bandwidth", "bandwidth_share", "floor_ms_per_token")
+
+
+def traffic_metrics(records: list[dict], traffic: dict | None) -> dict:
+    """The memory traffic of the run's steps against the device's peak bandwidth (docs/metrics.md#bandwidth-share).
+
+    A step at context c (the prompt and the tokens committed before it) reads the weights once and c tokens' keys and
+    values: ``weight_bytes + kv_bytes_per_token * c`` (``traffic``, the summary's ``memory_traffic``). Over the
+    records with per-step times: ``step_bytes`` (mean per step), ``achieved_bandwidth`` (bytes over step time, B/s),
+    ``bandwidth_share`` (that over ``peak_bytes_per_s``) and ``floor_ms_per_token`` (the bytes at peak bandwidth, per
+    token the steps emitted: no step of this run could be faster); None without ``traffic`` or steps.
+    """
+    timed = [r for r in records if r.get("step_s") and r.get("accept_lengths")]
+    if not traffic or not timed:
+        return dict.fromkeys(TRAFFIC_METRICS)
+    contexts = [  # the cached tokens before each step
+        (r["prompt_tokens"] or 0) + before for r in timed for before in np.cumsum([0, *r["accept_lengths"][:-1]])
+    ]
+    total = len(contexts) * traffic["weight_bytes"] + traffic["kv_bytes_per_token"] * float(np.sum(contexts))
+    seconds = sum(sum(r["step_s"]) for r in timed)
+    emitted = sum(sum(r["accept_lengths"]) for r in timed)
+    achieved = _ratio(total, seconds)
+    return {
+        "step_bytes": total / len(contexts),
+        "achieved_bandwidth": achieved,
+        "bandwidth_share": None if achieved is None else achieved / traffic["peak_bytes_per_s"],
+        "floor_ms_per_token": 1e3 * total / traffic["peak_bytes_per_s"] / emitted if emitted else None,
+    }
+
+
 def run_summary(records: list[dict], **fields) -> dict:
     """summary.json of a run from its records: ``n_samples`` and ``metrics`` computed here, ``schema`` stamped,
-    every other SUMMARY_FIELDS entry given by the writer (extras such as ``model_path`` kept).
+    every other SUMMARY_FIELDS entry given by the writer (extras such as ``model_path`` kept); ``metrics`` adds the
+    bandwidth share of the writer's ``memory_traffic``.
 
     The one builder of run summaries (the runner, the bench's converter of old results, test fixtures), so
     every writer agrees on the schema; a writer that leaves a field out gets a ValueError naming it.
@@ -230,7 +261,7 @@ def run_summary(records: list[dict], **fields) -> dict:
     computed = {
         "schema": SUMMARY_VERSION,
         "n_samples": len({record["sample_id"] for record in records}),
-        "metrics": aggregate(records),
+        "metrics": {**aggregate(records), **traffic_metrics(records, fields.get("memory_traffic"))},
     }
     missing = [name for name in SUMMARY_FIELDS if name not in computed and name not in fields]
     if missing:

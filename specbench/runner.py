@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from specbench import environment
+from specbench.bandwidth import memory_traffic, peak_bandwidth
 from specbench.budget import (
     BUDGET_FILE,
     KNOB_NODE,
@@ -25,12 +26,14 @@ from specbench.budget import (
     knob_key,
     with_budget,
 )
+from specbench.config import COMPILE_SETTINGS, compile_enabled
 from specbench.core.acceptance import Sampling, sampling_problems
+from specbench.core.compiled import CompiledVerifier, compilations, compiled_verifier
 from specbench.core.loop import STEP_BREAKDOWN_SETTINGS, Engine, Generation, synchronize
 from specbench.core.verify import warm_up_verify
 from specbench.data.base import Dataset, Sample, build_dataset
 from specbench.energy import joules_between, open_meter
-from specbench.engines import build_engine, check_method
+from specbench.engines import build_engine, check_method, eager_because
 from specbench.errors import ConfigError, DataError, RunConflict
 from specbench.metrics import machine_seconds, run_summary
 from specbench.models.loading import (
@@ -41,6 +44,7 @@ from specbench.models.loading import (
     resolve_device,
     resolve_dtype,
 )
+from specbench.models.parts import method_input_nodes, part_nodes
 from specbench.profile import cached_curves
 from specbench.schema import PHASES, SCHEMA_VERSION
 from specbench.settings import setting_problems
@@ -126,6 +130,8 @@ def validate(cfg: DictConfig) -> None:
     problems += sampling_problems(cfg.temperature, cfg.top_p)
     if cfg.step_breakdown not in STEP_BREAKDOWN_SETTINGS:
         problems.append(f"step_breakdown must be true, false or auto (got {cfg.step_breakdown!r})")
+    if cfg.compile not in COMPILE_SETTINGS:
+        problems.append(f"compile must be true, false or auto (got {cfg.compile!r})")
     problems += budget_problems(cfg)
     problems += engine_problems(cfg)
     if problems:
@@ -154,6 +160,10 @@ def engine_problems(cfg: DictConfig) -> list[str]:
             ]
         return []
     problems = []
+    if cfg.compile is True:
+        problems.append(
+            "compile=true compiles the shared loop; vLLM's own compiled path: engine.engine_args.enforce_eager=false"
+        )
     if cfg.method.engine != "loop":
         problems.append(f"method {cfg.method.name} runs HF generate (method.engine={cfg.method.engine}), not a drafter")
     if cfg.get("budget") == "auto":
@@ -180,7 +190,7 @@ def without_locations(node, path: str = ""):
     }
 
 
-METHOD_INPUT_KEYS = ("eagle", "eagle3", "hydra", "layer_skip")
+METHOD_INPUT_KEYS = method_input_nodes()
 """Nodes of the model config that only a method's drafter reads, through an interpolation in the method node
 (``method.drafter.head: ${model.eagle}``): they enter the digest there, resolved, and are left out of the
 model node, so adding one to a model config keeps the digests of every other method's stored runs."""
@@ -192,11 +202,24 @@ behaviour: at that value the key stays out of the digest, so the stored runs (ma
 exactly that behaviour) keep their digests; any other value is a new setting and enters the digest."""
 
 
+def loop_compiles(setting: object, engine: str, device_type: str) -> bool:
+    """Whether the shared loop takes the compiled path: ``compile`` resolved on this device type, for specbench's own
+    engine only (vLLM compiles by its own engine arguments)."""
+    return engine == "hf" and compile_enabled(setting, device_type)
+
+
 def config_digest(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> str:
-    """sha256 over everything that determines a sample's result (resolved device and dtype included)."""
+    """sha256 over everything that determines a sample's result (resolved device and dtype included).
+
+    The compiled path emits what the eager one does, but its runs are timed on another path, so ``compile: true``
+    enters the digest when it resolves on (its runs never resume into an eager folder) and nothing when it resolves
+    off (eager runs keep the digests they had before the compiled path existed).
+    """
     identity = without_locations(OmegaConf.to_container(cfg, resolve=True))
     for key in RUN_ONLY_KEYS:
         identity.pop(key, None)
+    if loop_compiles(identity.pop("compile", False), identity["engine"]["name"], device.type):
+        identity["compile"] = True
     if identity.get("budget") is None:  # the method's default: digests as before budgets existed
         identity.pop("budget", None)
     identity["method"].pop(KNOB_NODE, None)  # which key budget= sets: not a setting of the run
@@ -219,8 +242,8 @@ HF_ENGINE_KEYS = ("engine", "batch_size", "concurrency")
 method's ``vllm`` node (its counterpart, read by engine=vllm only), so runs stored before engine= keep theirs."""
 
 
-PART_NODES = ("draft", "medusa", "eagle", "eagle3", "hydra", "layer_skip")
-"""Nodes of the model config that name a method's parts (drafts, heads), not the target itself."""
+PART_NODES = part_nodes()
+"""Nodes of the model config that name a method's parts (drafts, heads, skipped sets), not the target itself."""
 
 
 def target_digest(cfg: DictConfig, dtype: torch.dtype) -> str:
@@ -292,10 +315,13 @@ class Runner:
         self.budget = given_record(cfg)
         if self.budget is not None:
             cfg = with_budget(cfg, self.budget["value"])
-        check_method(cfg.method)  # the drafter's knobs, before any model loads
+        drafter = check_method(cfg.method)  # the drafter's knobs, before any model loads
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
+        self.compile = loop_compiles(cfg.compile, cfg.engine.name, self.device.type)
+        self.eager_because = eager_because(cfg.method, drafter) if self.compile else None
+        self.verifier: CompiledVerifier | None = None  # the compiled path's, once the model is loaded
         self.sampling = Sampling(cfg.temperature, cfg.top_p)
         self.store = RunStore(Path(cfg.output_dir), config_digest(cfg, self.device, self.dtype), cfg.force)
         self.run_id = f"{Path(cfg.output_dir).name}@{datetime.now(timezone.utc):%Y%m%dT%H%M%S}"
@@ -312,9 +338,11 @@ class Runner:
         self.environment = environment.capture(self.device, self.dtype)
         self.bench = bench
         self.lm = lm
+        self.traffic: dict | None = None  # memory_traffic, once the model is loaded
         self.engine: Engine | None = None
         self.config_written = False
         self.peak_memory = (self.store.previous_summary or {}).get("peak_memory")
+        self.compile_record = self._compile_record()
 
     @staticmethod
     def _now() -> str:
@@ -357,6 +385,7 @@ class Runner:
         the first sample is: a model or drafter that fails to load leaves no folder behind (``_write_config``)."""
         if self.lm is None:
             self.lm = load_target(self.cfg, self.device, self.dtype)
+        self.traffic = self._traffic()
         self.store.begin()
         if self.cfg.get("budget") == "auto":
             self._choose_budget()
@@ -387,18 +416,67 @@ class Runner:
             self._start_vllm(first)
             return
         assert isinstance(self.lm, LoadedModel)  # given, or loaded by open() (engine=hf)
+        if self.compile and self.eager_because is None:
+            self.verifier = compiled_verifier(self.lm.model)
+            if first is not None:
+                self._compile(first)
         if first is not None and self.cfg.warmup:
             with torch.inference_mode():
                 warm_up_verify(self.lm.model)
-            engine = build_engine(self.cfg.method, self.lm, self.sampling, self.cfg.step_breakdown)
+            engine = build_engine(self.cfg.method, self.lm, self.sampling, self.cfg.step_breakdown, self.verifier)
             prompt_ids = self._prompt(first, [])
             for _ in range(self.cfg.warmup):
                 with torch.inference_mode():
                     engine.generate(
                         prompt_ids, self.cfg.max_new_tokens, sample_generator(self.cfg.seed, first.sample_id)
                     )
-        self.engine = build_engine(self.cfg.method, self.lm, self.sampling, self.cfg.step_breakdown)
+        self.engine = build_engine(self.cfg.method, self.lm, self.sampling, self.cfg.step_breakdown, self.verifier)
+        self.compile_record["compiled"] = self.engine.compiled  # what runs, as the engine says
         self._check_parts(self.engine.artefacts())
+        if first is not None:
+            self._replay_finished()
+
+    def _replay_finished(self) -> None:
+        """Resuming: the measured engine goes through the finished samples' generations in run order, untimed, before
+        the first pending one (``Engine.replay``), so what a drafter keeps across requests (a global suffix tree, a
+        successor matrix, an output trie) is what it would be had the run not stopped, and the resumed samples record
+        the steps an uninterrupted run records. The warm-up runs on a throwaway engine, so it leaves no trace."""
+        assert self.engine is not None and self.lm is not None  # built by start_engine, loaded by open()
+        turns: dict[str, list[dict]] = {}
+        for record in self.store.records:  # in the order they were written
+            turns.setdefault(record["sample_id"], []).append(record)
+        samples = {sample.sample_id: sample for sample in self.samples}
+        regenerated = differ = 0
+        for sample_id, records in turns.items():
+            sample = samples.get(sample_id) or self._sample(sample_id)
+            generator = sample_generator(self.cfg.seed, sample_id)
+            for record in sorted(records, key=lambda record: record["turn"]):
+                prompt_ids = self._prompt(sample, [r["output_text"] for r in records if r["turn"] < record["turn"]])
+                with torch.inference_mode():
+                    output = self.engine.replay(prompt_ids, record["output_ids"], self.cfg.max_new_tokens, generator)
+                regenerated += output is not None
+                differ += output not in (None, record["output_ids"]) or prompt_sha(prompt_ids) != record["prompt_sha"]
+        if regenerated:
+            print(
+                f"[specbench] regenerated the {regenerated} finished generation(s) untimed: {self.cfg.method.name} "
+                f"keeps across requests what only the target's verify passes tell"
+            )
+        if differ:
+            print(
+                f"[specbench] warning: {differ} finished generation(s) came out differently when replayed (another "
+                f"prompt, or nondeterministic kernels); the resumed samples may not record the steps an uninterrupted "
+                f"run would"
+            )
+
+    def _sample(self, sample_id: str) -> Sample:
+        """The dataset's sample of this id, beyond ``limit`` (a folder finished further by an earlier command)."""
+        found = next((sample for sample in self.dataset.samples(None) if sample.sample_id == sample_id), None)
+        if found is None:
+            raise DataError(
+                f"{self.store.dir} holds sample {sample_id!r}, which dataset {self.dataset.name} no longer has; "
+                f"choose another output_dir=..."
+            )
+        return found
 
     def _start_vllm(self, first: Sample | None) -> None:
         """Start vLLM and warm it up on ``first`` (its prefix cache emptied after).
@@ -415,12 +493,51 @@ class Runner:
             )
         engine = start_vllm(self.cfg, self.sampling, self.lm.eos_ids, self.lm.context_length)
         self.engine = engine
-        if first is not None and not counterpart(self.cfg.method).get("learns_across_requests"):
+        if first is not None and not engine.learns_across_requests:
             prompt_ids = self._prompt(first, [])
             for _ in range(self.cfg.warmup):
                 engine.generate(prompt_ids, self.cfg.max_new_tokens, sample_generator(self.cfg.seed, first.sample_id))
-            engine.reset_prefix_cache()
         self._check_parts(engine.artefacts())
+        if first is not None:
+            self._replay_finished()
+            engine.reset_prefix_cache()  # the warm-up's and replayed prompts: no cache hit for a measured prefill
+
+    def _traffic(self) -> dict | None:
+        """The summary's ``memory_traffic``: the bytes a batch-1 forward of the loaded target reads and this device's
+        peak bandwidth; None for vLLM, whose copy of the model lives in its own process."""
+        if not isinstance(self.lm, LoadedModel):
+            return None
+        peak = peak_bandwidth(self.device)
+        return {**memory_traffic(self.lm.model), "peak_bytes_per_s": peak["bytes_per_s"], "peak_source": peak["source"]}
+
+    def _compile_record(self) -> dict:
+        """The summary's ``compile`` before this writer compiled anything (its timed compilations carried over)."""
+        before = (self.store.previous_summary or {}).get("compile") or {}
+        return {
+            "setting": self.cfg.compile,
+            "compiled": self.compile and self.eager_because is None,
+            "eager_because": self.eager_because,
+            "buckets": None,
+            "compile_s": None,
+            "graphs": None,
+            "timed_compilations": before.get("timed_compilations", 0),
+        }
+
+    def _compile(self, first: Sample) -> None:
+        """Compile every bucket of the compiled path on a cache sized for ``first``, before any timed sample; the
+        seconds and graphs go to the summary's ``compile``."""
+        assert self.verifier is not None and self.lm is not None  # start_engine made both
+        rows = len(self._prompt(first, [])) + self.cfg.max_new_tokens
+        with torch.inference_mode():
+            warm = self.verifier.warm_up(rows)
+        print(
+            f"[specbench] compile: {len(self.verifier.buckets)} buckets {list(self.verifier.buckets)} in "
+            f"{warm.seconds:.1f} s ({warm.graphs} graphs compiled)",
+            file=sys.stderr,
+        )
+        self.compile_record.update(
+            buckets=list(self.verifier.buckets), compile_s=round(warm.seconds, 3), graphs=warm.graphs
+        )
 
     def _check_parts(self, parts: list[str]) -> None:
         """Refuse to add samples made with other drafts or heads to a folder's earlier ones (unless forced)."""
@@ -465,10 +582,11 @@ class Runner:
         self.config_written = True
 
     def finish(self, status: str) -> None:
-        """Write the final summary with ``status`` (complete, interrupted or failed) and release the folder; a
-        folder without records gets no summary (nothing is written before the first sample)."""
+        """Write the final summary with ``status`` (complete, interrupted or failed) and release the folder. Only a
+        writer that added samples writes one: nothing is written before this writer's first sample, so a run refused
+        or stopped before it leaves the folder (a finished run's summary included) as it found it."""
         try:
-            if self.store.lock.held and self.store.records:
+            if self.store.lock.held and self.config_written:
                 self.store.write_summary(self.summary(status))
         finally:
             if isinstance(self.engine, VLLMEngine):
@@ -529,6 +647,7 @@ class Runner:
         with torch.inference_mode():
             synchronize(self.device)
             joules_before = self.energy.read()
+            graphs = compilations()
             start = time.perf_counter()
             if isinstance(self.engine, VLLMEngine):
                 gens = self.engine.generate_batch(
@@ -539,6 +658,7 @@ class Runner:
                 gens = [self.engine.generate(prompt_ids, self.cfg.max_new_tokens, generator)]
             synchronize(self.device)
             wall = time.perf_counter() - start
+            self.compile_record["timed_compilations"] += compilations() - graphs
             joules_after = self.energy.read()
         return gens, wall, joules_between(joules_before, joules_after, self.energy)
 
@@ -619,6 +739,8 @@ class Runner:
             budget=self.budget,
             engine=self.engine_record(),
             latency_curves=[curve.to_dict() for curve in cached_curves(cfg.model.name, self.device, self.dtype)],
+            compile=self.compile_record,
+            memory_traffic=self.traffic or (self.store.previous_summary or {}).get("memory_traffic"),
         )
 
 

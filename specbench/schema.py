@@ -117,6 +117,15 @@ SUMMARY_FIELDS: dict[str, str] = {
     "(speculative_config among them); absent before engine= existed (hf, batch 1)",
     "latency_curves": "the latency curves cached for this model, device and dtype when the summary was written "
     "(specbench.profile.cached_curve; one per context length): the report's ideal speedup prices steps with them",
+    "compile": "the compiled path (specbench.core.compiled): {setting (the compile run setting), compiled (whether the "
+    "target's verify forwards ran compiled), eager_because (why not, when the setting asked for it: null otherwise), "
+    "buckets (the compiled widths), compile_s (the latest writer's seconds compiling every bucket before its first "
+    "timed sample), graphs (graphs that compilation made; 0 when an earlier run of the process had made them), "
+    "timed_compilations (graphs compiled inside timed generations, every writer: 0 unless something recompiled)}; "
+    "null in runs before the compiled path",
+    "memory_traffic": "what a step reads and how fast the device can read it (specbench.bandwidth): {weight_bytes, "
+    "kv_bytes_per_token, peak_bytes_per_s, peak_source}; the metrics' bandwidth_share derives from it; null in runs "
+    "before it was recorded",
 }
 
 

@@ -1,11 +1,13 @@
 """A run directory on disk: append-only samples, atomic summary, resume without duplicates or losses.
 
 Reading a folder (``RunStore(...)``) writes nothing. ``begin`` makes this process the folder's only
-writer (a lock file; a second process is refused, a dead one's lock taken over), reloads what is there
-and drops the lines of unfinished samples; ``close`` releases it. Damage is survivable: a torn last line
-of ``samples.jsonl`` is dropped and its sample rerun, and a torn ``summary.json`` is rebuilt from the
-records, its config digest read back from ``config.yaml``. A write that fails (full disk, read-only
-folder) is a ``StorageError`` that says what to do; every sample finished before it stays on disk.
+writer (a lock file; a second process is refused, a dead one's lock taken over) and reloads what is
+there; ``close`` releases it. Damage is survivable: a torn last line of ``samples.jsonl`` (and the lines
+of a sample not all of whose turns were written) is dropped when the first new sample is appended, and
+its sample rerun; a torn ``summary.json`` is rebuilt from the records, its config digest read back from
+``config.yaml``. A write that fails (full disk, read-only folder) is a ``StorageError`` that says what
+to do; every sample finished before it stays on disk. A writer that stops before its first sample
+leaves the folder as it found it.
 """
 
 from __future__ import annotations
@@ -105,17 +107,25 @@ class RunStore:
         return complete, len(lines) - len(complete)
 
     def begin(self) -> None:
-        """Become the folder's only writer: lock it, reload it, drop the lines of unfinished samples."""
+        """Become the folder's only writer: lock it and reload it. The lines of unfinished samples are dropped from
+        the file just before the first new sample is appended (``append``), so a run that stops before it changes
+        nothing."""
         self.created = [path for path in (self.dir, *self.dir.parents) if not path.exists()]
         with storage(self.dir, "lock"):
             self.lock.acquire()
         self._load()
         if self.torn_lines:
-            path = self.dir / SAMPLES
-            print(f"[specbench] {path}: dropping {self.torn_lines} line(s) of unfinished samples; they will rerun")
-            with storage(path, "rewrite"):
-                write_atomic(path, "".join(json.dumps(r) + "\n" for r in self.records))
-            self.torn_lines = 0
+            print(
+                f"[specbench] {self.dir / SAMPLES}: {self.torn_lines} line(s) of unfinished samples will be dropped; "
+                f"they will rerun"
+            )
+
+    def _drop_torn_lines(self) -> None:
+        """Rewrite samples.jsonl with the complete records only (before appending after a torn or unfinished one)."""
+        path = self.dir / SAMPLES
+        with storage(path, "rewrite"):
+            write_atomic(path, "".join(json.dumps(r) + "\n" for r in self.records))
+        self.torn_lines = 0
 
     def close(self) -> None:
         """Stop writing: release the folder's lock, and remove the folders ``begin`` made if nothing was written."""
@@ -132,6 +142,8 @@ class RunStore:
 
     def append(self, records: list[dict]) -> None:
         """Append all turns of one sample in one write, flushed and fsynced."""
+        if self.torn_lines:
+            self._drop_torn_lines()
         text = "".join(json.dumps(r) + "\n" for r in records)
         with storage(self.dir / SAMPLES, "append to"), open(self.dir / SAMPLES, "a", encoding="utf-8") as handle:
             handle.write(text)

@@ -220,10 +220,20 @@ class VLLMEngine:
     """The runner's engine for ``engine=vllm``: a vLLM worker process, one request batch (or, with ``server``, one
     load against vLLM's server) per call."""
 
+    compiled = False  # the shared loop's compiled path is not vLLM's (engine.engine_args.enforce_eager=false is)
+
     def __init__(
-        self, python: Path, args: dict, sampling: Sampling, eos_ids: frozenset[int], parts: list[str], server: bool
+        self,
+        python: Path,
+        args: dict,
+        sampling: Sampling,
+        eos_ids: frozenset[int],
+        parts: list[str],
+        server: bool,
+        learns_across_requests: bool,
     ):
         self.sampling = sampling
+        self.learns_across_requests = learns_across_requests
         self.eos_ids = sorted(eos_ids)
         self.parts = parts
         self.log = tempfile.NamedTemporaryFile("w+", prefix="specbench-vllm-", suffix=".log", delete=False)  # noqa: SIM115
@@ -302,6 +312,15 @@ class VLLMEngine:
         measured prefill)."""
         self._ask({"op": "reset"})
 
+    def replay(
+        self, prompt_ids: list[int], output_ids: list[int], max_new_tokens: int, generator: torch.Generator | None
+    ) -> list[int] | None:
+        """A counterpart that learns across requests (vLLM's global suffix tree) sees the generation again (its new
+        output); the others keep nothing across requests (None)."""
+        if not self.learns_across_requests:
+            return None
+        return self.generate(prompt_ids, max_new_tokens, generator).output_ids
+
     def stats(self) -> dict[str, Any]:
         """vLLM exposes no drafter internals beyond the per-step record."""
         return {}
@@ -334,7 +353,8 @@ def start_vllm(cfg: DictConfig, sampling: Sampling, eos_ids: frozenset[int], con
     server = cfg.get("concurrency") is not None
     print(f"[specbench] starting vLLM{' server' if server else ''} ({cfg.method.name}) ...", file=sys.stderr)
     try:
-        engine = VLLMEngine(vllm_python(cfg.engine), args, sampling, eos_ids, parts, server)
+        learns = bool(counterpart(cfg.method).get("learns_across_requests"))
+        engine = VLLMEngine(vllm_python(cfg.engine), args, sampling, eos_ids, parts, server, learns)
     except FileNotFoundError as error:
         raise ModelUnavailable(f"cannot start vLLM: {error}; {SETUP_HINT}") from None
     print(f"[specbench] vLLM {engine.versions['vllm']} ready in {time.perf_counter() - began:.0f} s", file=sys.stderr)

@@ -108,7 +108,8 @@ def training_cache(tmp_path, monkeypatch) -> Path:
 
 
 def pytest_addoption(parser):
-    """``--method NAME`` (repeatable) and ``--config-dir DIR``: run the conformance suite on your own method too."""
+    """``--method NAME`` (repeatable) and ``--config-dir DIR``: run the conformance suite on your own method too;
+    ``--thorough``: with the sampling check's thorough number of draws."""
     parser.addoption(
         "--method",
         action="append",
@@ -122,6 +123,11 @@ def pytest_addoption(parser):
         default=[],
         metavar="DIR",
         help="a folder of your own configs (method/, dataset/, ...), as for python -m specbench -cd DIR",
+    )
+    parser.addoption(
+        "--thorough",
+        action="store_true",
+        help="tests/test_conformance.py: the sampling check with its thorough number of draws (minutes per method)",
     )
 
 

@@ -219,6 +219,8 @@ def summary(cfg: DictConfig, folder: Path, run_id: str, records: list[dict], see
         budget=None,
         engine={"name": "hf", "batch_size": 1},
         latency_curves=[],
+        compile=None,
+        memory_traffic=None,
     )
 
 

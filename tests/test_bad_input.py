@@ -92,6 +92,11 @@ BAD_INPUT = [
     ),
     Case("`device=gpu`", "error: device must be auto, cpu, cuda or cuda:N (got 'gpu')", argv=("device=gpu",)),
     Case(
+        "`compile=sometimes`",
+        "error: invalid run settings: compile must be true, false or auto (got 'sometimes')",
+        argv=("compile=sometimes",),
+    ),
+    Case(
         "`calibration.prompts=${nope}`",
         "error: invalid run settings: cannot resolve calibration.prompts: Interpolation key 'nope' not found",
         argv=("calibration.prompts=${nope}",),

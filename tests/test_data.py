@@ -107,3 +107,31 @@ def test_a_data_file_that_is_not_utf8_names_its_line(tmp_path):
     dataset = build_dataset(compose_config("dataset=gsm8k").dataset, str(tmp_path))
     with pytest.raises(DataError, match=r"gsm8k_test.jsonl:2: not UTF-8 text \(byte 14\)"):
         dataset.samples()
+
+
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("prompts.txt", "Say hello.\nName a color.\n"),
+        ("prompts.jsonl", '{"prompt": "Say hello."}\n{"prompt": "Name a color."}\n'),
+    ],
+    ids=["text", "jsonl"],
+)
+def test_a_prompt_file_with_a_utf8_byte_order_mark_reads_as_without(tmp_path, name, content):
+    """Windows editors write a UTF-8 byte-order mark: a prompt file that starts with one reads as the same file
+    without it (not a JSON error on line 1, nor a mark inside the first prompt)."""
+    (tmp_path / name).write_bytes(b"\xef\xbb\xbf" + content.encode())
+    dataset = build_dataset(compose_config("dataset=jsonl", f"dataset.path={tmp_path / name}").dataset, None)
+    assert [sample.turns for sample in dataset.samples()] == [["Say hello."], ["Name a color."]]
+
+
+def test_a_checkout_reads_the_shared_datasets_beside_it_when_the_variable_is_unset(monkeypatch):
+    """python -m specbench without SPECBENCH_DATA_DIR (which only make exports) finds ../shared/datasets beside the
+    checkout, as make does: dataset=mbpp100 reads its local copy instead of the unreachable Hub."""
+    from tests.conftest import ROOT
+
+    monkeypatch.delenv("SPECBENCH_DATA_DIR", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    cfg = compose_config("dataset=mbpp100")
+    assert cfg.data_dir == str(ROOT.parent / "shared" / "datasets")
+    assert len(build_dataset(cfg.dataset, cfg.data_dir).samples(2)) == 2

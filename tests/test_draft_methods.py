@@ -315,10 +315,10 @@ def test_distilled_draft_loads_from_the_cache(embedded, tmp_path, monkeypatch):
     from specbench.config import compose_config
     from specbench.manifest import write_manifest
     from specbench.models.loading import build_tiny_llama
-    from specbench.paths import distilled_draft_dir
+    from specbench.models.parts import part_kind
 
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
-    folder = distilled_draft_dir("smollm2_135m")
+    folder = part_kind("draft").folder("smollm2_135m")
     vocab = embedded.model.get_output_embeddings().weight.shape[0]
     build_tiny_llama(
         vocab,

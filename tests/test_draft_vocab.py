@@ -21,7 +21,8 @@ from specbench.drafters.opt_tree import OptTree
 from specbench.drafters.spede import SpeDe
 from specbench.errors import ConfigError, ModelUnavailable
 from specbench.models.medusa_heads import MedusaHeads
-from specbench.models.vocab import RANKING_FILE, ReducedHead, load_ranking, most_frequent, place_in_vocab, vocab_dir
+from specbench.models.parts import part_kind
+from specbench.models.vocab import RANKING_FILE, ReducedHead, load_ranking, most_frequent, place_in_vocab
 from specbench.train import vocab as train_vocab
 from tests.conftest import tiny_model
 from tests.helpers import exact_joint, sampled_outputs
@@ -55,7 +56,7 @@ DRAFTERS = {
 
 def write_ranking(counts: dict[int, int], name: str = "tiny") -> None:
     """A ranking file as ``python -m specbench.train vocab`` writes it (under the test's SPECBENCH_CACHE)."""
-    folder = vocab_dir(name)
+    folder = part_kind("vocab").folder(name)
     folder.mkdir(parents=True, exist_ok=True)
     record = {"digest": "d" * 16, "counts": sorted(counts.items(), key=lambda item: (-item[1], item[0]))}
     (folder / RANKING_FILE).write_text(json.dumps(record))
@@ -163,7 +164,7 @@ def test_train_vocab_counts_the_self_distilled_answers(training_cache, shared_da
         ]  # fmt: skip
     )
     record = json.loads(path.read_text())
-    assert path == vocab_dir("tiny_llama") / RANKING_FILE
+    assert path == part_kind("vocab").folder("tiny_llama") / RANKING_FILE
     assert sum(n for _, n in record["counts"]) == record["data_summary"]["answer_tokens"] == 15
     counts = [n for _, n in record["counts"]]
     assert counts == sorted(counts, reverse=True)

@@ -27,8 +27,8 @@ from specbench.models.eagle_heads import (
     load_head,
     random_head,
     save_head,
-    trained_dir,
 )
+from specbench.models.parts import part_kind
 from specbench.structures.tree_builders import ExpandRerankBuilder
 from tests.conftest import tiny_model
 from tests.helpers import embedded_head, exact_joint, sampled_outputs
@@ -220,14 +220,14 @@ def test_trained_head_roundtrip_and_missing_message(tiny, tmp_path, monkeypatch)
         "accuracy": {"top1": [0.5, 0.3]},
         "result": {"steps": 4, "steps_planned": 9, "stopped_by": "max_minutes"},
     }
-    save_head(head, trained_dir("tiny_x"), "tiny", record)
+    save_head(head, part_kind("eagle").folder("tiny_x"), "tiny", record)
     loaded = load_head(node, tiny, "tiny_x")
     assert loaded.top1_by_depth == [0.5, 0.3] and loaded.head.shares_embeddings
-    manifest = json.loads((trained_dir("tiny_x") / "manifest.json").read_text())
+    manifest = json.loads((part_kind("eagle").folder("tiny_x") / "manifest.json").read_text())
     assert (
         manifest["finished"] and manifest["steps_done"] == 4 and loaded.origin == f"eagle:{manifest['weights_digest']}"
     )
-    assert sorted(p.name for p in trained_dir("tiny_x").iterdir()) == [
+    assert sorted(p.name for p in part_kind("eagle").folder("tiny_x").iterdir()) == [
         "config.json",
         "manifest.json",
         "model.safetensors",
@@ -235,9 +235,9 @@ def test_trained_head_roundtrip_and_missing_message(tiny, tmp_path, monkeypatch)
     ]
     features, tokens = torch.randn(5, 64), [1, 2, 3, 4, 5]
     torch.testing.assert_close(head_output(loaded.head, features, tokens), head_output(head, features, tokens))
-    config = json.loads((trained_dir("tiny_x") / "config.json").read_text())
+    config = json.loads((part_kind("eagle").folder("tiny_x") / "config.json").read_text())
     assert config["num_hidden_layers"] == 1 and config["bias"] is True and config["hidden_size"] == 64
-    (trained_dir("tiny_x") / "manifest.json").unlink()  # an unfinished / older folder is never used silently
+    (part_kind("eagle").folder("tiny_x") / "manifest.json").unlink()  # unfinished or older: never used silently
     with pytest.raises(ModelUnavailable, match="no manifest.json"):
         load_head(node, tiny, "tiny_x")
 
@@ -550,7 +550,7 @@ def test_greedy_equals_ar_embedded_trained_head(embedded, shared_data, tmp_path)
     model, tok = embedded.model, embedded.tokenizer
     from specbench.train import eagle as eagle_train
 
-    folder = trained_dir("smollm2_135m")
+    folder = part_kind("eagle").folder("smollm2_135m")
     settings = ["train.max_steps=60", "train.eval_depth=2"]
     node, cached = embedded_head(folder, eagle_train.main, tmp_path / "head", shared_data, settings)
     least_accepted = 0.3 if cached else 0.05

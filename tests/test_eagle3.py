@@ -347,11 +347,11 @@ def test_greedy_equals_ar_embedded(embedded, shared_data, tmp_path):
     """The embedded model (30 layers: the authors' rule fuses 2, 15, 27) with a random head over a reduced
     vocabulary, and with a trained head: the cached one, or a stand-in trained here in seconds."""
     model, tok = embedded.model, embedded.tokenizer
-    from specbench.models.eagle3_heads import trained_dir
+    from specbench.models.parts import part_kind
     from specbench.train import eagle3 as eagle3_train
 
     settings = ["train.max_steps=40", "train.ttt_steps=2", "train.eval_depth=2"]
-    folder = trained_dir("smollm2_135m")
+    folder = part_kind("eagle3").folder("smollm2_135m")
     node, cached = embedded_head(folder, eagle3_train.main, tmp_path / "head", shared_data, settings)
     trained = (node, 0.5 if cached else 0.05)
     random_headed = OmegaConf.create({"source": "random", "seed": 0, "draft_vocab": 4096})

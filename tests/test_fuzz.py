@@ -1,7 +1,9 @@
 """Property-based tests (hypothesis) of every input boundary (issue 31): generated data files, command-line values
 of every run setting and drafter knob, the bench's and the trainers' options, and generated run folders for the
 report. Whatever the input, the command ends in exit 0 or in exactly one ``error:`` line with exit 2, never a
-traceback, and it writes nothing when it fails before the first sample.
+traceback, and it writes nothing when it fails before the first sample. The drafter boundary (issue 48): what a
+fuzzed drafter hands the shared loop (drawn trees, token ids, aux rows, rows of the KV cache) is verified exactly
+(AR's greedy output) or refused with one DrafterError naming the drafter, never another exception.
 
 No example loads a model: every ``load_model`` a command reaches raises ``ModelLoad`` (the input was accepted;
 tests/commands.py); a rare full run lets the tiny random model through. Every example runs in its own empty
@@ -22,16 +24,24 @@ import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import example, given, is_hypothesis_test, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from specbench import bench
 from specbench.config import CONF_DIR, group_options
+from specbench.core.acceptance import Sampling
+from specbench.core.drafter import Drafter, DrafterError
+from specbench.core.loop import Decoder
+from specbench.core.tree import AuxBlock, DraftTree
+from specbench.core.verify import compact_cache
 from specbench.data.base import build_dataset
+from specbench.drafters.ar import NoDraft
 from specbench.metrics import run_summary
 from specbench.report import __main__ as report_cli
 from specbench.report.read import load_runs
@@ -39,7 +49,7 @@ from specbench.report.view import VIEWS
 from specbench.schema import SAMPLE_FIELDS, SCHEMA_VERSION
 from specbench.train.__main__ import main as train_main
 from tests.commands import Full, Outcome, in_workspace, run_in_process, snapshot, specbench_main
-from tests.conftest import SHARED_DATA
+from tests.conftest import SHARED_DATA, tiny_model
 from tests.reproduce_fixture import ENVIRONMENT
 from tests.test_bench import LEGACY_ENTRY, LEGACY_PAYLOAD, LEGACY_RECORD
 
@@ -494,6 +504,8 @@ def valid_summary(method: str, records: list[dict]) -> dict:
         budget=None,
         engine={"name": "hf", "batch_size": 1},
         latency_curves=[],
+        compile=None,
+        memory_traffic=None,
     )
 
 
@@ -667,6 +679,129 @@ def test_any_trainer_setting_is_trained_or_one_error_line(command_and_settings):
         taken_file(workspace)
         argv = [command, *words({"model": "tiny_llama", "output_dir": "out", **settings})]
         feed(f"train {command}", train_main, argv, workspace)
+
+
+# -- (e) what a drafter hands the shared loop ----------------------------------------------------------------
+
+VOCAB = 97  # the tiny model's (tests/conftest.py)
+BOUNDARY_PROMPT = [5, 9, 2, 5, 9, 2, 5, 9]
+BOUNDARY_TOKENS = 6
+DAMAGES = ("parent", "token", "length", "root", "aux token", "aux mask", "draft_probs", "cache row", "cache crop")
+"""How the fuzzed drafter breaks a step's proposal (after building a valid one), or not at all."""
+
+token_ids = st.integers(0, VOCAB - 1)
+bad_token_ids = st.one_of(st.integers(-(10**9), -1), st.integers(VOCAB, 10**9), st.floats(), st.booleans(), st.none())
+"""Token ids a model cannot read: negative, past the vocabulary, not integers."""
+bad_parents = st.one_of(st.integers(-(10**6), 10**6), st.floats(), st.none(), st.text(max_size=2))
+"""Values a parent entry may be changed to after the tree was built (an earlier node's index is the only valid one)."""
+
+
+def valid_parent(node: int, value: object) -> bool:
+    """Whether ``value`` may be node ``node``'s parent: -1 for the root, an earlier node's index for any other."""
+    return type(value) is int and (value == -1 if node == 0 else 0 <= value < node)
+
+
+@dataclass
+class Proposal:
+    """One step's proposal as drawn: a valid tree (tokens, parents, maybe aux rows), then the damage done to it."""
+
+    tokens: list[int]
+    parents: list[int]
+    aux: list[int] | None
+    damage: str | None
+    node: int  # the node a damage changes
+    value: object  # what it changes it to (a parent, a token id, a row count)
+
+
+@st.composite
+def proposals(draw) -> Proposal:
+    """A drawn proposal: up to 10 drafted nodes in a random tree, maybe aux rows, maybe (one step in five) one damage
+    of DAMAGES, so that about a third of the generations go through undamaged."""
+    size = draw(st.integers(0, 10))
+    tokens = draw(st.lists(token_ids, min_size=size + 1, max_size=size + 1))
+    parents = [-1, *(draw(st.integers(0, node - 1)) for node in range(1, size + 1))]
+    aux = draw(st.none() | st.lists(token_ids, min_size=1, max_size=4))
+    damage = draw(st.sampled_from((None,) * 4 * len(DAMAGES) + DAMAGES))  # one step in five damaged
+    node = draw(st.integers(0, size))
+    values = {
+        "parent": bad_parents.filter(lambda value: not valid_parent(node, value)),
+        "token": bad_token_ids,
+        "root": st.integers(1, VOCAB - 1),
+        "aux token": st.integers(VOCAB, 10**9),
+        "aux mask": st.sampled_from([1, 3]),
+        "draft_probs": st.integers(1, 3),
+    }
+    return Proposal(tokens, parents, aux, damage, node, draw(values.get(damage, st.none())))
+
+
+class FuzzedDrafter(Drafter):
+    """Hands the loop one drawn proposal per step: a valid tree (its root replaced by the step's root) that the
+    proposal may then damage, as a buggy drafter would: a parent or token changed after construction, a token
+    without a parent, another root, aux rows past the vocabulary or of another shape, draft probabilities of
+    another size, a row left in or removed from the target's KV cache."""
+
+    def __init__(self, plan: list[Proposal], model):
+        super().__init__()
+        self.plan, self.model, self.damaged = plan, model, False
+
+    def propose(self, ctx):
+        drawn = self.plan[ctx.step]
+        tree = DraftTree([ctx.root, *drawn.tokens[1:]], list(drawn.parents))
+        if drawn.aux is not None:
+            rows = len(drawn.aux)
+            tree.aux = AuxBlock(torch.tensor(drawn.aux), torch.arange(1, rows + 1), torch.ones(rows, rows).tril() > 0)
+        self.damaged |= drawn.damage is not None
+        damage, node, value = drawn.damage, drawn.node, drawn.value
+        if damage == "parent":
+            tree.parents[node] = value
+        elif damage == "token":
+            tree.tokens[node] = value
+        elif damage == "length":
+            tree.tokens.append(0)
+        elif damage == "root":
+            tree.tokens[0] = (ctx.root + value) % VOCAB
+        elif damage == "aux token":
+            tree.aux = AuxBlock(torch.tensor([value]), torch.tensor([1]), torch.eye(1) > 0)
+        elif damage == "aux mask":
+            tree.aux = AuxBlock(torch.tensor([1, 2]), torch.tensor([1, 2]), torch.eye(2) > 0)
+            tree.aux.mask = torch.eye(value) > 0
+        elif damage == "draft_probs":
+            tree.draft_probs = torch.full((len(tree) + value, VOCAB), 1.0 / VOCAB)
+        elif damage == "cache row":
+            self.model(input_ids=torch.tensor([[ctx.root]]), past_key_values=ctx.cache, use_cache=True)
+        elif damage == "cache crop":
+            compact_cache(ctx.cache, ctx.position - 1, [])
+        return tree
+
+
+@functools.cache
+def boundary_model():
+    """The tiny random model of the drafter boundary and AR's greedy output on its prompt (the truth)."""
+    model = tiny_model()
+    with torch.inference_mode():
+        truth = Decoder(model, NoDraft(), frozenset(), Sampling()).generate(BOUNDARY_PROMPT, BOUNDARY_TOKENS)
+    return model, truth.output_ids
+
+
+@budgeted
+@given(st.lists(proposals(), min_size=BOUNDARY_TOKENS - 1, max_size=BOUNDARY_TOKENS - 1))
+@at_least(30)
+def test_any_proposal_is_verified_exactly_or_refused_naming_the_drafter(plan):
+    """The shared loop with a drafter handing over drawn trees, token ids, aux rows and cache rows: a valid proposal
+    every step gives AR's greedy output (any tree is lossless), anything else one DrafterError naming the drafter,
+    raised before any forward reads it; never another exception."""
+    model, truth = boundary_model()
+    with one_example():
+        drafter = FuzzedDrafter(plan, model)
+        try:
+            with torch.inference_mode():
+                output = Decoder(model, drafter, frozenset(), Sampling()).generate(BOUNDARY_PROMPT, BOUNDARY_TOKENS)
+        except DrafterError as error:
+            COUNTS["drafter boundary", "refused"] += 1
+            assert drafter.damaged and "FuzzedDrafter" in str(error), error
+            return
+        COUNTS["drafter boundary", "verified"] += 1
+        assert not drafter.damaged and output.output_ids == truth
 
 
 PROPERTIES = [test for test in list(globals().values()) if is_hypothesis_test(test)]

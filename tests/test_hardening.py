@@ -21,14 +21,15 @@ from specbench.data.__main__ import main as data_main
 from specbench.data.base import read_jsonl
 from specbench.errors import ConfigError, DataError, ModelUnavailable, RunConflict, StorageError
 from specbench.files import FolderLock
-from specbench.manifest import MANIFEST, finished_manifest, write_manifest
+from specbench.manifest import MANIFEST, finished_manifest, save_trained_heads, write_manifest
 from specbench.report import __main__ as report_cli
 from specbench.report import compare, read, view
 from specbench.reproduce.__main__ import main as reproduce_main
 from specbench.runner import Runner
 from specbench.store import RunStore
 from specbench.train.__main__ import main as train_main
-from tests.conftest import ROOT
+from tests.commands import in_workspace, models_stopped, run_in_process
+from tests.conftest import ROOT, SHARED_DATA
 from tests.helpers import exit_code
 
 TINY = ["model=tiny_llama", "max_new_tokens=8", "warmup=0", "progress=false", "data_dir=null"]
@@ -322,15 +323,15 @@ def distilled_stand_in(folder: Path, seed: int) -> None:
 def test_runs_record_their_parts_and_never_mix_two(tmp_path, monkeypatch):
     """The distilled draft a run used is named by its weights digest in the summary; after the draft is
     retrained (same config, new weights), a run into the same folder is refused instead of mixing them."""
-    from specbench.paths import distilled_draft_dir
+    from specbench.models.parts import part_kind
 
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
-    distilled_stand_in(distilled_draft_dir("tiny_llama"), seed=1)
+    distilled_stand_in(part_kind("draft").folder("tiny_llama"), seed=1)
     out = tmp_path / "run"
     runner(out, "method=spede", "model.draft.source=distilled", "limit=1").run()
     parts = json.loads((out / "summary.json").read_text())["artefacts"]
     assert len(parts) == 1 and parts[0].startswith("draft:") and "/" not in parts[0]
-    distilled_stand_in(distilled_draft_dir("tiny_llama"), seed=2)
+    distilled_stand_in(part_kind("draft").folder("tiny_llama"), seed=2)
     with pytest.raises(RunConflict, match="holds samples made with"):
         runner(out, "method=spede", "model.draft.source=distilled", "limit=2").run()
     assert len((out / "samples.jsonl").read_text().splitlines()) == 1
@@ -381,6 +382,56 @@ def test_samples_with_other_prompt_tokens_are_left_out(tmp_path):
     with pytest.warns(UserWarning, match="1 sample\\(s\\) answered other prompt tokens"):
         rows = compare.match_ar(*read.load([tmp_path])).set_index("method")
     assert rows.loc["pld", "n_common"] == 1
+
+
+CONTRADICTING_TRAINER_SETTINGS = {
+    "medusa, 16 prompts, 32 held out": (
+        "medusa",
+        ["prompts.max_prompts=16"],
+        "train.eval_sequences=32 holds out every sequence: prompts.max_prompts=16 gives at most 16",
+    ),
+    "hydra, 10 prompts per source": (
+        "hydra",
+        ["prompts.per_source_limit=10", "train.eval_sequences=20"],
+        "prompts.per_source_limit=10 x 2 source(s) gives at most 20",
+    ),
+    "draft, 32 prompts": ("draft", ["prompts.max_prompts=32"], "train.eval_sequences=32 holds out every sequence"),
+    **{
+        f"{command} without soft labels": (command, ["prompts.teacher_topk=0"], "prompts.teacher_topk must be >= 1")
+        for command in ("draft", "eagle", "eagle3", "hydra")
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("command", "words", "says"), CONTRADICTING_TRAINER_SETTINGS.values(), ids=list(CONTRADICTING_TRAINER_SETTINGS)
+)
+def test_trainer_settings_that_contradict_each_other_are_refused_before_anything_loads(tmp_path, command, words, says):
+    """A held-out set the prompt caps cannot leave data beside, or distillation without the target's top-k records:
+    one error line before the target loads (found before: after minutes of self-distillation)."""
+    with models_stopped(tmp_path, SHARED_DATA), in_workspace():
+        outcome = run_in_process(train_main, [command, "model=tiny_llama", *words])
+    assert outcome.code == 2 and len(outcome.error_lines()) == 1 and says in outcome.error_lines()[0], outcome
+
+
+def test_trained_weights_get_the_modes_of_their_siblings(tmp_path):
+    """safetensors writes weights private (0600) and mkdtemp makes folders private: a finished part's folder and
+    every file in it get the modes an ordinary new folder and file get, as a cache shared by users expects."""
+    save_trained_heads(
+        tmp_path / "heads",
+        "medusa",
+        "heads.safetensors",
+        {"w": torch.zeros(2)},
+        "config.json",
+        {},
+        {"digest": "d", "result": {"steps": 1, "steps_planned": 1, "stopped_by": "steps"}},
+    )
+    (tmp_path / "plain").write_text("x")
+    (tmp_path / "folder").mkdir()
+    modes = {path.name: path.stat().st_mode & 0o777 for path in (tmp_path / "heads").iterdir()}
+    assert set(modes) == {"heads.safetensors", "config.json", "training.json", MANIFEST}
+    assert set(modes.values()) == {(tmp_path / "plain").stat().st_mode & 0o777}, modes
+    assert (tmp_path / "heads").stat().st_mode & 0o777 == (tmp_path / "folder").stat().st_mode & 0o777
 
 
 def test_training_precision_is_chosen_from_the_hardware():

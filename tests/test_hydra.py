@@ -193,13 +193,17 @@ def test_siblings_subtrees_come_from_their_own_paths(tiny):
 def test_greedy_hydra_equals_ar_on_the_embedded_model(embedded, shared_data, tmp_path):
     """The embedded model with random Hydra++ heads, and with trained ones: the cached heads, or a stand-in trained
     here in seconds (the accepted tokens per step show the heads were read)."""
-    from specbench.models.hydra_heads import trained_dir
+    from specbench.models.parts import part_kind
     from specbench.train import hydra as hydra_train
     from tests.helpers import embedded_head
 
     model, tok = embedded.model, embedded.tokenizer
     trained, cached = embedded_head(
-        trained_dir("smollm2_135m"), hydra_train.main, tmp_path / "heads", shared_data, ["train.max_steps=20"]
+        part_kind("hydra").folder("smollm2_135m"),
+        hydra_train.main,
+        tmp_path / "heads",
+        shared_data,
+        ["train.max_steps=20"],
     )
     random_heads = OmegaConf.create({"source": "random", "num_heads": 3, "num_layers": 1, "arch": "prefix-mlp"})
     prompt = tok.apply_chat_template(

@@ -42,6 +42,7 @@ LAYERS = [  # lowest first, as docs/design.md#layering draws them; a module belo
             "specbench.metrics",
             "specbench.quality",
             "specbench.profile",
+            "specbench.bandwidth",
         ),
     ),
     ("runner", ("specbench.runner", "specbench.budget")),

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from specbench.core.acceptance import Sampling
-from specbench.core.drafter import Drafter
+from specbench.core.drafter import Drafter, DrafterError
 from specbench.core.loop import Decoder, clip_emitted
-from specbench.core.tree import DraftTree
+from specbench.core.tree import AuxBlock, DraftTree
 from specbench.drafters.ar import NoDraft
 from specbench.errors import ConfigError
 from tests.helpers import exact_joint, pearson_statistic, sampled_outputs
@@ -182,3 +182,91 @@ def test_sampled_loop_reproduces_target_distribution(drafter):
     decoder = Decoder(model, draft, frozenset(), sampling)
     counts = sampled_outputs(decoder, prompt, 3, generator, trials=3000)
     assert pearson_statistic(counts, expected) < 54.05  # 99.9% quantile of chi-square with 26 degrees of freedom
+
+
+class HandOver(Drafter):
+    """Hands the loop one fixed (possibly broken) thing at its first step."""
+
+    def __init__(self, make):
+        super().__init__()
+        self.make = make
+
+    def propose(self, ctx):
+        return self.make(ctx)
+
+
+def mutated(tree: DraftTree, **changes) -> DraftTree:
+    """``tree`` with some of its lists or fields replaced after construction (as a buggy drafter may)."""
+    for name, value in changes.items():
+        setattr(tree, name, value)
+    return tree
+
+
+BAD_PROPOSALS = {
+    "not a tree": (lambda ctx: [ctx.root], "returned a list, not a DraftTree"),
+    "token past the vocabulary": (lambda ctx: DraftTree.chain(ctx.root, [1, 10**6]), "token id 1000000 is outside"),
+    "negative token": (lambda ctx: DraftTree.chain(ctx.root, [-3]), "token id -3 is outside"),
+    "float token": (lambda ctx: DraftTree.chain(ctx.root, [2.0]), "token 2.0 is a float, not an int"),
+    "forward parent": (
+        lambda ctx: mutated(DraftTree.chain(ctx.root, [1, 2]), parents=[-1, 2, 0]),
+        "node 1 has parent 2: parents must be earlier nodes",
+    ),
+    "parent list too short": (
+        lambda ctx: mutated(DraftTree.chain(ctx.root, [1, 2]), parents=[-1, 0]),
+        "one parent per token",
+    ),
+    "other root": (lambda ctx: DraftTree.chain(ctx.root + 1, [1]), "node 0 is token"),
+    "aux token past the vocabulary": (
+        lambda ctx: mutated(
+            DraftTree.root_only(ctx.root),
+            aux=AuxBlock(torch.tensor([5, 10**6]), torch.tensor([1, 2]), torch.eye(2, dtype=torch.bool)),
+        ),
+        "aux token id 1000000 is outside",
+    ),
+    "aux mask resized": (
+        lambda ctx: mutated(
+            DraftTree.root_only(ctx.root),
+            aux=mutated(
+                AuxBlock(torch.tensor([5, 6]), torch.tensor([1, 2]), torch.eye(2, dtype=torch.bool)),
+                mask=torch.eye(3, dtype=torch.bool),
+            ),
+        ),
+        "AuxBlock shapes disagree",
+    ),
+    "draft_probs rows": (
+        lambda ctx: mutated(DraftTree.chain(ctx.root, [1, 2]), draft_probs=torch.ones(2, 8)),
+        "draft_probs has shape (2, 8)",
+    ),
+}
+
+
+@pytest.mark.parametrize("make, message", BAD_PROPOSALS.values(), ids=BAD_PROPOSALS)
+def test_the_loop_refuses_a_bad_proposal_before_any_forward(tiny, make, message):
+    """Whatever a drafter hands over is checked at the boundary: one DrafterError naming the drafter and what is
+    wrong, raised before the verify forward runs (only the prefill has run)."""
+    forwards = []
+    hook = tiny.register_forward_hook(lambda *_: forwards.append(1))
+    try:
+        with pytest.raises(DrafterError, match="HandOver") as refused, torch.inference_mode():
+            Decoder(tiny, HandOver(make), frozenset(), Sampling()).generate([1, 2, 3], 4)
+    finally:
+        hook.remove()
+    assert message in str(refused.value) and len(forwards) == 1
+
+
+def test_the_loop_refuses_a_cache_left_longer_or_shorter(tiny):
+    """A drafter that runs the target on the context's cache must crop it back: rows left over, or rows removed,
+    are one DrafterError naming the drafter."""
+    from specbench.core.verify import compact_cache
+
+    def leave(ctx):
+        tiny(input_ids=torch.tensor([[ctx.root]]), past_key_values=ctx.cache, use_cache=True)
+        return DraftTree.root_only(ctx.root)
+
+    def remove(ctx):
+        compact_cache(ctx.cache, ctx.position - 1, [])
+        return DraftTree.root_only(ctx.root)
+
+    for make, message in ((leave, "left 1 rows of its own in"), (remove, "removed rows from")):
+        with pytest.raises(DrafterError, match=f"HandOver {message} the target's KV cache"), torch.inference_mode():
+            Decoder(tiny, HandOver(make), frozenset(), Sampling()).generate([1, 2, 3], 4)

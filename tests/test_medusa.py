@@ -23,8 +23,8 @@ from specbench.models.medusa_heads import (
     load_heads,
     random_heads,
     save_heads,
-    trained_dir,
 )
+from specbench.models.parts import part_kind
 from specbench.structures.medusa_tree import (
     TreeLayout,
     checked_paths,
@@ -174,20 +174,20 @@ def test_trained_heads_roundtrip_and_missing_message(tiny, tmp_path, monkeypatch
         "accuracy": {"top1": [0.5, 0.3, 0.1]},
         "result": {"steps": 5, "steps_planned": 5, "stopped_by": "max_steps"},
     }
-    save_heads(heads, trained_dir("tiny_x"), "tiny", record)
-    save_heads(heads, trained_dir("tiny_x"), "tiny", record)  # replacing is atomic too
+    save_heads(heads, part_kind("medusa").folder("tiny_x"), "tiny", record)
+    save_heads(heads, part_kind("medusa").folder("tiny_x"), "tiny", record)  # replacing is atomic too
     loaded = load_heads(node, tiny, "tiny_x")
     assert loaded.rank_accuracy == table and loaded.heads.shares_lm_head
     assert loaded.part.startswith("medusa:") and "/" not in loaded.part  # named by the weights' digest
     hidden = torch.randn(2, 64)
     torch.testing.assert_close(loaded.heads(hidden), heads(hidden))
-    assert sorted(p.name for p in trained_dir("tiny_x").iterdir()) == [
+    assert sorted(p.name for p in part_kind("medusa").folder("tiny_x").iterdir()) == [
         "config.json",
         "manifest.json",
         "medusa_lm_head.safetensors",
         "training.json",
     ]
-    (trained_dir("tiny_x") / "manifest.json").unlink()  # e.g. a partial copy: never used silently
+    (part_kind("medusa").folder("tiny_x") / "manifest.json").unlink()  # e.g. a partial copy: never used silently
     with pytest.raises(ModelUnavailable, match="has no manifest.json"):
         load_heads(node, tiny, "tiny_x")
 

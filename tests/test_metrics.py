@@ -102,3 +102,23 @@ def test_aggregate_carries_the_new_columns():
     columns = aggregate([record()])
     for name in ("side_branch_share", "ttft_p99_s", "tpot_s", "step_p90_s", "joules_per_token"):
         assert name in columns
+
+
+def test_bandwidth_share_prices_each_step_at_the_weights_plus_its_context():
+    """A step at context c reads W + K c bytes: with W = 100, K = 10, peak 1000 B/s, two records of known steps."""
+    from specbench.metrics import TRAFFIC_METRICS, traffic_metrics
+
+    traffic = {"weight_bytes": 100, "kv_bytes_per_token": 10, "peak_bytes_per_s": 1000.0}
+    first = record(prompt_tokens=4, accept_lengths=[1, 2, 3, 1], step_s=[0.1, 0.2, 0.3, 0.2])  # contexts 4, 5, 7, 10
+    second = record(prompt_tokens=2, accept_lengths=[1], step_s=[0.2])  # context 2
+    total = 5 * 100 + 10 * (4 + 5 + 7 + 10 + 2)  # 780 bytes over 1.0 s of steps, 8 tokens emitted
+    assert traffic_metrics([first, second], traffic) == pytest.approx(
+        {
+            "step_bytes": total / 5,
+            "achieved_bandwidth": total,
+            "bandwidth_share": total / 1000,
+            "floor_ms_per_token": 1e3 * total / 1000 / 8,
+        }
+    )
+    untimed = record(prompt_tokens=4, step_s=None)  # HF generate: no steps
+    assert traffic_metrics([untimed], traffic) == traffic_metrics([first], None) == dict.fromkeys(TRAFFIC_METRICS)

@@ -111,8 +111,8 @@ def test_mln_rejects_bad_sizes():
         MultiLevelNgram(1)
 
 
-def index(tokens, max_ngram_size=2, min_ngram_size=1, occurrence="latest") -> PromptLookupIndex:
-    table = PromptLookupIndex(max_ngram_size, min_ngram_size, occurrence)
+def index(tokens, max_ngram_size=2, min_ngram_size=1, occurrence="latest", continuation="repeat") -> PromptLookupIndex:
+    table = PromptLookupIndex(max_ngram_size, min_ngram_size, occurrence, continuation)
     table.extend(tokens)
     return table
 
@@ -138,10 +138,13 @@ def test_lookup_finds_only_earlier_occurrences_and_copies_past_the_end():
     assert index([4, 5, 6, 4, 5]).lookup(5) == [6, 4, 5, 6, 4]  # the span 6 4 5 repeats
     assert index([4, 5, 6, 4, 5]).lookup(2) == [6, 4]
     assert index([]).lookup(3) == [] and index([8]).lookup(3) == []
+    assert index([4, 5, 6, 4, 5], continuation="truncate").lookup(5) == [6, 4, 5]  # cut at the context's end
+    assert index([3, 3], continuation="truncate").lookup(3) == [3]
 
 
-def naive_lookup(tokens, k, sizes, first):
-    """Scan every earlier occurrence of the longest matching suffix; copy k tokens, repeating past the end."""
+def naive_lookup(tokens, k, sizes, first, repeat=True):
+    """Scan every earlier occurrence of the longest matching suffix; copy k tokens, repeating past the end (or
+    stopping there)."""
     for n in sizes:
         ends = [e for e in range(n - 1, len(tokens) - 1) if tokens[e - n + 1 : e + 1] == tokens[len(tokens) - n :]]
         if len(tokens) > n and ends:
@@ -149,39 +152,48 @@ def naive_lookup(tokens, k, sizes, first):
             out = []
             for j in range(k):
                 i = end + 1 + j
+                if i >= len(tokens) and not repeat:
+                    break
                 out.append(tokens[i] if i < len(tokens) else out[i - len(tokens)])
             return out
     return []
 
 
+@pytest.mark.parametrize("continuation", ["repeat", "truncate"])
 @pytest.mark.parametrize("occurrence", ["latest", "first"])
-def test_lookup_incremental_index_equals_a_naive_scan(occurrence):
+def test_lookup_incremental_index_equals_a_naive_scan(occurrence, continuation):
     rng = random.Random(7)
     tokens = [rng.randrange(5) for _ in range(200)]
-    table = index(tokens[:10], 3, 1, occurrence)
+    table = index(tokens[:10], 3, 1, occurrence, continuation)
     for length in range(10, len(tokens) + 1):
-        assert table.lookup(6) == naive_lookup(tokens[:length], 6, (3, 2, 1), occurrence == "first")
+        expected = naive_lookup(tokens[:length], 6, (3, 2, 1), occurrence == "first", continuation == "repeat")
+        assert table.lookup(6) == expected
         if length < len(tokens):
             table.append(tokens[length])
 
 
 def test_first_occurrence_agrees_with_hf_prompt_lookup_where_hf_has_tokens():
-    """HF takes the earliest occurrence too, but truncates at the end of the context; we keep copying."""
+    """HF takes the earliest occurrence too, but truncates at the end of the context: so does continuation=truncate,
+    token for token; the default keeps copying."""
     from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
     rng = random.Random(3)
     tokens = [rng.randrange(8) for _ in range(120)]
     table = index(tokens[:5], 2, 1, "first")
+    cut = index(tokens[:5], 2, 1, "first", "truncate")
     hf = PromptLookupCandidateGenerator(num_output_tokens=5, max_matching_ngram_size=2, max_length=10_000)
-    hits = 0
+    hits = shorter = 0
     for length in range(5, len(tokens)):
         candidates, _ = hf.get_candidates(torch.tensor([tokens[:length]]))
         expected = candidates[0, length:].tolist()
         ours = table.lookup(5)
         assert ours[: len(expected)] == expected and bool(ours) == bool(expected)
+        assert cut.lookup(5) == expected
         hits += bool(expected)
+        shorter += 0 < len(expected) < 5
         table.append(tokens[length])
-    assert hits > 50
+        cut.append(tokens[length])
+    assert hits > 50 and shorter > 0
 
 
 def test_lookup_rejects_bad_sizes():
@@ -191,3 +203,5 @@ def test_lookup_rejects_bad_sizes():
         PromptLookupIndex(1, 2)
     with pytest.raises(ConfigError, match="occurrence"):
         PromptLookupIndex(2, 1, "middle")
+    with pytest.raises(ConfigError, match="continuation"):
+        PromptLookupIndex(2, 1, "first", "wrap")

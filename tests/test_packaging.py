@@ -196,6 +196,7 @@ def test_a_newcomers_session_from_the_installed_wheel(installed, tmp_path, share
         "SPECBENCH_DATA_DIR": str(shared_data),
         "HF_HUB_OFFLINE": "1",
         "PYTHONPATH": str(home),  # the user's own module (mydrafts.py), as a user's shell would have it
+        "SPECBENCH_VLLM_PYTHON": str(ROOT / ".venv-vllm" / "bin" / "python"),  # engine=vllm: `make test` built it
     }
     outputs = {}
     for command in shell_commands((ROOT / "README.md").read_text()):

@@ -357,13 +357,15 @@ def test_by_category_pairs_each_category_with_its_ar_part(tmp_path, capsys):
 
 def test_run_summary_computes_what_records_give_and_names_what_is_missing():
     """The one summary builder: n_samples and metrics from the records, every schema field required."""
-    from specbench.metrics import aggregate, run_summary
+    from specbench.metrics import TRAFFIC_METRICS, aggregate, run_summary
     from specbench.schema import SUMMARY_FIELDS
 
     records = [{"sample_id": "a", "new_tokens": 2, "wall_s": 1.0, "prefill_s": 0.1, "target_forwards": 1}]
     given = {name: None for name in SUMMARY_FIELDS if name not in ("schema", "n_samples", "metrics")}
     summary = run_summary(records, **given, model_path="x")
-    assert summary["n_samples"] == 1 and summary["metrics"] == aggregate(records) and summary["model_path"] == "x"
+    no_traffic = dict.fromkeys(TRAFFIC_METRICS)  # memory_traffic None: no bandwidth share
+    assert summary["n_samples"] == 1 and summary["model_path"] == "x"
+    assert summary["metrics"] == {**aggregate(records), **no_traffic}
     with pytest.raises(ValueError, match="target"):
         run_summary(records, **{name: value for name, value in given.items() if name != "target"})
     with pytest.raises(ValueError, match="computed from the records"):
@@ -438,3 +440,28 @@ def test_a_torn_summary_or_undecodable_records_are_one_error(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli.main([str(run)])
     assert "not UTF-8 text at byte" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kept", [0, 2], ids=["emptied", "cut"])
+def test_the_sample_count_is_the_records_and_a_disagreeing_summary_is_warned_about(tmp_path, kept):
+    """An emptied samples.jsonl reports n 0, one cut to 2 of its 3 lines n 2: the records are counted, not
+    summary.json's n_samples, and the disagreement is a warning naming both counts."""
+    run_dir = _copy_run("ar_humaneval", tmp_path)
+    samples = run_dir / "samples.jsonl"
+    samples.write_text("".join(samples.read_text().splitlines(keepends=True)[:kept]))
+    with pytest.warns(UserWarning, match=f"summary.json counts 3 samples but samples.jsonl holds {kept}"):
+        runs = read.load_runs([run_dir])
+    assert runs["n_samples"].tolist() == [kept]
+    with pytest.warns(UserWarning, match="summary.json counts 3 samples"):
+        header, row = view.format_table(view.report_table(*read.load([run_dir]))).splitlines()
+    assert row.split()[header.split().index("n")] == str(kept)
+
+
+def test_runs_of_the_eager_path_pair_alike_against_same_or_eager_ar_and_none_against_compiled(capsys):
+    """The fixtures were all eager (no compile record): --ar eager pairs them as the default does; --ar compiled
+    finds no compiled AR run, so no speedup."""
+    same, eager = view.table([RUNS]), view.table([RUNS], against="eager")
+    pd.testing.assert_frame_equal(same, eager)
+    assert view.table([RUNS], against="compiled")["speedup"].isna().all()
+    cli.main([str(RUNS), "--ar", "eager"])
+    assert "fake_method" in capsys.readouterr().out

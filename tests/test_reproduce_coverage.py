@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -152,20 +153,28 @@ def test_no_two_jobs_of_a_plan_share_a_run_folder_with_different_configs(paper_j
 
 
 def test_stored_smoke_runs_keep_their_folders_and_config_digests():
-    """Every smoke job whose run folder is stored finds it with the same config digest, so ``make
-    reproduce-tables`` resumes the stored smoke results instead of stopping on a conflict. Stored runs that no
-    job of the plan makes any more (the plan's settings changed: their folders differ) are not checked: the
-    smoke plan is rerun into fresh folders, and the old ones are deleted (docs/reproduction.md)."""
+    """Every stored smoke run is the run of a job of the smoke plan, with the same config digest, so ``make
+    reproduce-tables`` resumes the stored smoke results instead of stopping on a conflict. A stored run that no job
+    makes any more (the plan's settings changed its folder) fails too: the test must check every stored run, or a plan
+    change that renamed every folder would leave it checking nothing. Such runs are rerun into fresh folders and the old
+    ones deleted (docs/reproduction.md)."""
     root = ROOT / "results" / "experiments" / "smoke"
-    if not root.is_dir():
-        pytest.skip("no stored smoke results")
-    changed = []
+    stored = {path.parent.relative_to(root).as_posix() for path in root.rglob("summary.json")}
+    assert stored, "no stored smoke results: results/experiments/smoke is part of the repository"
+    changed, checked = [], set()
     for job in plan_jobs(load_plan("smoke")):
         summary = root / job.folder / "summary.json"
-        if summary.is_file() and json.loads(summary.read_text())["config_digest"] != job.digest:
-            changed.append(job.folder)
+        if summary.is_file():
+            checked.add(Path(job.folder).as_posix())
+            if json.loads(summary.read_text())["config_digest"] != job.digest:
+                changed.append(job.folder)
     assert not changed, (
         f"{len(changed)} stored smoke run(s) no longer match their job's configuration (the "
         f"next make reproduce-tables stops on them): restore the config, or rerun those runs "
         f"into a fresh results folder and replace them:\n" + "\n".join(changed)
+    )
+    orphans = sorted(stored - checked)
+    assert not orphans, (
+        f"{len(orphans)} of {len(stored)} stored smoke runs are no job's run any more (the plan changed their "
+        f"folders): rerun the smoke plan into fresh folders and delete these:\n" + "\n".join(orphans)
     )

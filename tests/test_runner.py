@@ -11,6 +11,7 @@ import time
 import pytest
 import torch
 
+from specbench import conformance
 from specbench.config import compose_config as compose_run
 from specbench.config import group_options
 from specbench.environment import measuring_session
@@ -96,12 +97,16 @@ def test_bad_settings_are_rejected_before_loading(tmp_path):
         run(tmp_path, "top_p=0")
 
 
-def test_prompt_longer_than_context_is_a_clear_error(tmp_path):
+def test_prompt_longer_than_context_is_a_clear_error_and_a_refused_run_writes_nothing(tmp_path):
+    """A finished run extended by a command that is refused before its first sample keeps every file byte for byte:
+    the summary stays complete with its own run id and limit (config.yaml and the records agree with it)."""
     run(tmp_path, "limit=1", "max_new_tokens=4")
+    stored = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
     with pytest.raises(ConfigError, match="exceeds the model's context length"):
         run(tmp_path, "limit=2", "max_new_tokens=4", "model.context_length=64", "force=true")
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["status"] == "failed" and summary["n_samples"] == 1  # the finished sample is kept
+    assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == stored
+    summary = json.loads(stored["summary.json"])
+    assert summary["status"] == "complete" and summary["limit"] == 1 and summary["n_samples"] == 1
 
 
 def test_a_failure_before_the_first_sample_writes_nothing(tmp_path):
@@ -130,6 +135,19 @@ def answer_ctrl_c() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def killed(cmd: list[str], samples, sig) -> int:
+    """Start ``cmd``, send it ``sig`` once ``samples`` holds two lines, and return its exit code."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=answer_ctrl_c
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline and (not samples.exists() or len(samples.read_text().splitlines()) < 2):
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    return proc.wait()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM], ids=["kill-9", "ctrl-c", "sigterm"])
 def test_killed_run_resumes_without_losses_or_duplicates(tmp_path, sig):
@@ -137,15 +155,8 @@ def test_killed_run_resumes_without_losses_or_duplicates(tmp_path, sig):
     SIGTERM leave status "interrupted" (exit 130 / 143), kill -9 a stale lock that the rerun takes over."""
     cmd = [sys.executable, "-m", "specbench", *TINY, "max_new_tokens=48", "limit=8", f"output_dir={tmp_path}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=answer_ctrl_c
-    )
     samples = tmp_path / "samples.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and (not samples.exists() or len(samples.read_text().splitlines()) < 2):
-        time.sleep(0.05)
-    proc.send_signal(sig)
-    code = proc.wait()
+    code = killed(cmd, samples, sig)
     summary = json.loads((tmp_path / "summary.json").read_text())  # valid JSON whatever the signal
     if sig != signal.SIGKILL:
         assert code == {signal.SIGINT: 130, signal.SIGTERM: 143}[sig] and summary["status"] == "interrupted"
@@ -162,6 +173,23 @@ def test_killed_run_resumes_without_losses_or_duplicates(tmp_path, sig):
     assert after[: len(before)] == before
     assert "resuming" in done.stdout
     assert ("taking over the lock" in done.stdout) == (sig == signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_a_killed_run_of_a_method_that_learns_across_requests_records_the_steps_of_one_that_went_through(tmp_path):
+    """SuffixDecoding's global tree holds the responses of the run's earlier requests: killed with -9 mid-way and
+    rerun, the run rebuilds it from the finished samples' outputs before the first pending one, so every sample
+    records the steps (accepted lengths, drafts, the tree's counters) of a run that was never interrupted."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text(conformance.RESUME_PROMPTS * 2)
+    settings = [*TINY, "method=suffix_decoding", "dataset=jsonl", f"dataset.path={prompts}", "max_new_tokens=64"]
+    cmd = [sys.executable, "-m", "specbench", *settings, f"output_dir={tmp_path / 'killed'}"]
+    assert killed(cmd, tmp_path / "killed" / "samples.jsonl", signal.SIGKILL) == -signal.SIGKILL
+    before = sum(line.endswith("}") for line in (tmp_path / "killed" / "samples.jsonl").read_text().splitlines())
+    assert subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=300).returncode == 0
+    resumed, straight = records(tmp_path / "killed"), records(run(tmp_path / "straight", *settings[len(TINY) :]))
+    assert 2 <= before < len(resumed) == len(straight) == 8
+    assert [conformance.steps_of(record) for record in resumed] == [conformance.steps_of(record) for record in straight]
 
 
 @pytest.mark.slow

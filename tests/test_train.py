@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from specbench.errors import ConfigError, DataUnavailable
-from specbench.paths import cache_root, distilled_draft_dir
+from specbench.models.parts import part_kind
+from specbench.paths import cache_root
 from specbench.train import __main__ as cli
 from specbench.train import selfdistill, sources
 from specbench.train.agreement import chain_steps
@@ -157,6 +158,15 @@ def test_layer_plan():
         layer_plan(2, 3, "first")
 
 
+def test_a_draft_deeper_than_its_target_is_refused_before_any_answer_is_generated(training_cache, shared_data, capsys):
+    """draft.num_layers beyond the target's layers (copied layers) is known once the target loads: one error line
+    then, not after the self-distillation."""
+    overrides = [*TINY_DRAFT, f"data_dir={shared_data}", "draft.num_layers=3"]
+    assert exit_code(cli.main, ["draft", *overrides]) == 2
+    assert "draft.num_layers=3 exceeds the target's 2 layers" in capsys.readouterr().err
+    assert not (training_cache / "selfdistill").exists()
+
+
 def test_train_draft_end_to_end_saves_a_loadable_draft_once(training_cache, shared_data, capsys, monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -164,7 +174,7 @@ def test_train_draft_end_to_end_saves_a_loadable_draft_once(training_cache, shar
 
     overrides = TINY_DRAFT + [f"data_dir={shared_data}"]
     assert cli.main(["draft", *overrides]) == 0
-    out = distilled_draft_dir("tiny_llama")
+    out = part_kind("draft").folder("tiny_llama")
     assert out.parent == training_cache / "drafts" and "agreement" in capsys.readouterr().out
     record = json.loads((out / "training.json").read_text())
     assert record["training"]["steps_done"] == 3 and record["draft"]["copied_target_layers"] == [0]
@@ -189,3 +199,13 @@ def test_draft_settings_digest_ignores_the_measured_rank_profile():
     default = settings_digest(compose_train("draft", ["model=smollm2_135m"]))
     assert settings_digest(compose_train("draft", ["model=smollm2_135m", "model.draft.rank_hits=[0.5]"])) == default
     assert settings_digest(compose_train("draft", ["model=smollm2_135m", "train.steps=7"])) != default
+
+
+def test_prompts_too_few_for_the_held_out_sequences_are_refused_before_any_answer_is_generated(tiny_setup):
+    """Fewer rendered prompts than the trainer holds out (plus one to train on) is one ConfigError before any
+    generation: no self-distillation file is started."""
+    lm, cfg = tiny_setup
+    with pytest.raises(ConfigError, match="4 training prompt\\(s\\) left .* train.eval_sequences=4 holds out"):
+        selfdistill.self_distilled(lm, cfg.prompts, cfg.data_dir, progress=False, held_out=4)
+    assert not (cache_root() / "selfdistill").exists()
+    assert len(selfdistill.self_distilled(lm, cfg.prompts, cfg.data_dir, progress=False, held_out=3)) == 4

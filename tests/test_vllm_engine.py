@@ -4,7 +4,9 @@ runs vLLM itself)."""
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -128,9 +130,11 @@ def test_the_methods_vllm_runs_map_their_knobs():
     )
     assert parts == []
     assert differences(compose_config("engine=vllm", "method=pld").method) == {
-        "drafter.occurrence": ("latest", "first")
+        "drafter.occurrence": ("latest", "first"),
+        "drafter.continuation": ("repeat", "truncate"),
     }
-    assert differences(compose_config("engine=vllm", "method=pld", "method.drafter.occurrence=first").method) == {}
+    same = ("method.drafter.occurrence=first", "method.drafter.continuation=truncate")
+    assert differences(compose_config("engine=vllm", "method=pld", *same).method) == {}
     ar, _ = engine_args(compose_config("engine=vllm", "method=ar"), 2048)
     assert "speculative_config" not in ar and "per_request_spec_decode_metrics" not in ar
 
@@ -188,3 +192,70 @@ def test_vllm_runs_get_their_own_folders():
     assert compose_config("method=pld").output_dir.endswith("/pld-T0.0-n128")
     assert compose_config("method=pld", "engine=vllm", "batch_size=8").output_dir.endswith("/pld-T0.0-n128-vllm-b8")
     assert compose_config("method=pld", "engine=vllm", "concurrency=4").output_dir.endswith("/pld-T0.0-n128-vllm-c4")
+
+
+def served_copy(name: str, folder, batch_size: int = 1, records=None):
+    """A copy of a fixture run as if vLLM had generated it (batch ``batch_size``, the records given or the same)."""
+    from tests.test_report import RUNS
+
+    run = folder / f"{name}_vllm_b{batch_size}"
+    run.mkdir()
+    summary = json.loads((RUNS / name / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "engine": {"name": "vllm", "batch_size": batch_size}}))
+    lines = [json.loads(line) for line in (RUNS / name / "samples.jsonl").read_text().splitlines()]
+    (run / "samples.jsonl").write_text("".join(json.dumps(record) + "\n" for record in (records or lines)))
+    return run, lines
+
+
+def test_the_crosscheck_sets_each_method_in_both_engines_side_by_side(tmp_path):
+    """The fixture's AR and fake method in the loop, and the same in vLLM with one more step on s1: steps equal on
+    3 of 4 prompts; outputs equal to both ARs on s0 and s2 (s1 diverges, s3 has no AR)."""
+    from specbench.report.compare import cross_check, cross_check_prompts
+    from specbench.report.read import load
+    from tests.test_report import RUNS
+
+    served_copy("ar_humaneval", tmp_path)
+    lines = [json.loads(line) for line in (RUNS / "fake_humaneval" / "samples.jsonl").read_text().splitlines()]
+    lines[1] = {**lines[1], "target_forwards": 3, "accept_lengths": [2, 1, 1], "draft_tokens": [3, 3, 0]}
+    lines[1]["step_s"], lines[1]["verify_s"] = [0.1, 0.05, 0.05], [0.08, 0.04, 0.04]
+    served_copy("fake_humaneval", tmp_path, records=lines)
+    runs, samples = load(
+        [
+            RUNS / "ar_humaneval",
+            RUNS / "fake_humaneval",
+            tmp_path / "ar_humaneval_vllm_b1",
+            tmp_path / "fake_humaneval_vllm_b1",
+        ]
+    )
+    table = cross_check(runs, samples).set_index("method")
+    assert table.loc["fake_method", "n_common"] == 4
+    assert table.loc["fake_method", "same_steps"] == pytest.approx(0.75)
+    assert table.loc["fake_method", "equal_to_ar"] == pytest.approx(0.5)
+    assert table.loc["fake_method", "tokens_per_step_hf"] == pytest.approx(14 / 5)
+    assert table.loc["fake_method", "tokens_per_step_vllm"] == pytest.approx(14 / 6)
+    assert table.loc["ar", "same_steps"] == 1.0 and table.loc["ar", "equal_to_ar"] == 1.0
+    prompts = cross_check_prompts(runs, samples)
+    assert list(prompts[prompts["method"] == "fake_method"]["steps_equal"]) == [True, False, True, True]
+
+
+def test_a_vllm_run_pairs_with_vllms_ar_of_the_same_batch_size_over_machine_time(tmp_path):
+    """Batch 2: each record counts half its batch's wall time; the loop's AR is never the partner."""
+    from specbench.report.compare import match_ar
+    from specbench.report.read import load
+    from tests.test_report import RUNS
+
+    def batched(name):
+        lines = [json.loads(line) for line in (RUNS / name / "samples.jsonl").read_text().splitlines()]
+        return [{**r, "batch_size": 2, "batch_wall_s": 2 * r["wall_s"] * 0.5} for r in lines]  # batches half as long
+
+    served_copy("ar_humaneval", tmp_path, 2, batched("ar_humaneval"))
+    served_copy("fake_humaneval", tmp_path, 2, batched("fake_humaneval"))
+    runs, samples = load([RUNS, tmp_path])
+    matched = match_ar(runs, samples).set_index("run_dir")
+    served = matched.loc[str(tmp_path / "fake_humaneval_vllm_b2")]
+    assert Path(served["ar_run_dir"]).name == "ar_humaneval_vllm_b2"
+    loop = matched.loc[str(RUNS / "fake_humaneval")]
+    assert served["speedup"] == pytest.approx(loop["speedup"])  # every time halved alike
+    assert runs.set_index("run_dir").loc[str(tmp_path / "fake_humaneval_vllm_b2"), "throughput_total"] == pytest.approx(
+        2 * runs.set_index("run_dir").loc[str(RUNS / "fake_humaneval"), "throughput_total"]
+    )

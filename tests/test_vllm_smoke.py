@@ -27,7 +27,7 @@ SETTINGS = ("model=smollm2_135m", "dataset=humaneval", f"limit={PROMPTS}", f"max
 SETTINGS = (*SETTINGS, f"data_dir={SHARED_DATA}", "progress=false")
 METHODS = {  # each method as vLLM runs it (its `same_when`), so the shared loop's run is the same algorithm
     "ar": (),
-    "pld": ("method.drafter.occurrence=first",),
+    "pld": ("method.drafter.occurrence=first", "method.drafter.continuation=truncate"),
     "suffix_decoding": ("method.drafter.speculation=linear",),
     "spede": ("method.drafter.schedule=constant", "model.draft.source=target"),
 }
@@ -89,7 +89,7 @@ def test_vllm_equals_the_shared_loops_ar_at_batch_1_and_4(method, environment, l
         assert [gen.output_ids for gen in gens] == [record["output_ids"] for record in loop_ar]
         for gen in gens:
             check_adds_up(gen, method)
-    if method == "pld":  # the same algorithm as the loop's PLD (first occurrence): the same steps, prompt by prompt
+    if method == "pld":  # the same algorithm as the loop's PLD (first occurrence, cut copies): the same steps
         loop = loop_records(tmp_path_factory, method)
         assert [gen.accept_lengths for gen in alone] == [record["accept_lengths"] for record in loop]
         assert [gen.accept_lengths for gen in batched] == [record["accept_lengths"] for record in loop]

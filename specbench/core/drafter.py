@@ -28,6 +28,11 @@ if TYPE_CHECKING:
     from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 
+class DrafterError(RuntimeError):
+    """A drafter handed the loop something it cannot verify (a malformed tree, ids outside the vocabulary, rows left
+    in the target's KV cache): a bug in that drafter, named in the message, caught before any forward."""
+
+
 @dataclass
 class DecodeContext:
     """What a drafter may read about the decode in progress."""
@@ -38,7 +43,8 @@ class DecodeContext:
     step: int  # verify steps done so far in this generation
     generator: torch.Generator | None  # the run's seeded RNG (random pads, sampled drafts)
     cache: DynamicCache | None = None  # the target's KV cache of tokens[:-1]: a drafter may run the target on it
-    # (self-speculation) and append rows, but must crop it back to ``position`` rows before proposing
+    # (self-speculation) and append rows, but must crop it back to ``position`` rows before proposing; None on the
+    # compiled path, whose static cache is its own (such a drafter declares ``needs_dynamic_cache``)
 
     @property
     def root(self) -> int:
@@ -119,6 +125,9 @@ class Drafter:
     """
 
     hidden_layers: tuple[int, ...] = ()
+    needs_dynamic_cache: bool = False
+    """True for a drafter that runs the target on ``ctx.cache`` itself (self-speculation): it needs the eager path's
+    dynamic cache, so its engine never runs compiled (``compile=true`` runs it eager, and the run says why)."""
     COUNTERS: ClassVar[tuple[str, ...]] = ()
     """The per-generation counters this drafter keeps in its books."""
 
@@ -135,6 +144,14 @@ class Drafter:
 
     def reset(self, prompt_ids: list[int]) -> None:
         """Start a new generation from ``prompt_ids`` (per-request state goes here)."""
+
+    def recall(self, prompt_ids: list[int], output_ids: list[int]) -> bool:
+        """Learn what this drafter keeps across requests from a generation it did not run: a resumed run calls it for
+        each finished sample's turns, in run order, before the first pending sample, so the memory is what an
+        uninterrupted run's would be. True when done from the prompt and the output alone (the default: nothing
+        crosses requests); False when that memory also depends on what the target computed (verified logits, accepted
+        drafts), and the engine must run the generation again, untimed, to rebuild it."""
+        return True
 
     def prefill_tail(self, generator: torch.Generator | None) -> list[int]:
         """Tokens to run after the prompt in the prefill forward, under the plain causal mask (default:

@@ -16,14 +16,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from specbench.core.acceptance import Acceptance, Sampling, accept_match, draw
-from specbench.core.drafter import DecodeContext, Drafter
+from specbench.core.drafter import DecodeContext, Drafter, DrafterError
 from specbench.core.tree import DraftTree
 from specbench.core.verify import (
+    EagerVerifier,
+    Verifier,
     cache_length,
     compact_cache,
-    forward_tree,
-    lay_out,
-    new_cache,
     prefill,
     prefill_hidden,
     prefill_with_tail,
@@ -32,13 +31,11 @@ from specbench.errors import ConfigError
 from specbench.schema import PHASES
 
 if TYPE_CHECKING:
-    from transformers import DynamicCache, PreTrainedModel
+    from transformers import PreTrainedModel
+    from transformers.cache_utils import Cache
 
 STEP_BREAKDOWN_SETTINGS = (True, False, "auto")
 """The values of the ``step_breakdown`` run knob."""
-
-TREE_ROWS = 128
-"""Cache rows reserved beyond prompt + budget for the last step's tree and aux rows (more grows once)."""
 
 AcceptFn = Callable[[DraftTree, torch.Tensor, Sampling, "torch.Generator | None"], Acceptance]
 
@@ -82,6 +79,19 @@ class Engine(Protocol):
 
     def artefacts(self) -> list[str]:
         """The draft models, heads or caches the engine uses (recorded in the run summary)."""
+        ...
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the target's verify forwards run compiled (``specbench.core.compiled``)."""
+        ...
+
+    def replay(
+        self, prompt_ids: list[int], output_ids: list[int], max_new_tokens: int, generator: torch.Generator | None
+    ) -> list[int] | None:
+        """Bring what the engine keeps across requests to where an earlier generation of the run left it (a resumed run
+        replays its finished samples in run order, untimed): from ``output_ids`` (None), or by generating again when
+        that memory depends on more than the output (the new output, which should equal ``output_ids``)."""
         ...
 
 
@@ -186,6 +196,7 @@ class Decoder:
         sampling: Sampling,
         accept_fn: AcceptFn = accept_match,
         step_breakdown: bool | str = "auto",
+        verifier: Verifier | None = None,
     ):
         self.model = model
         self.drafter = drafter
@@ -193,6 +204,10 @@ class Decoder:
         self.sampling = sampling
         self.accept_fn = accept_fn
         self.breakdown = breakdown_enabled(step_breakdown, model.device)
+        self.vocab = model.get_input_embeddings().num_embeddings  # the token ids the target reads
+        self.verifier = verifier or EagerVerifier(model)  # eager, or compiled on a static cache (core/compiled.py)
+        if self.verifier.compiled and drafter.needs_dynamic_cache:
+            raise ConfigError(f"{type(drafter).__name__} runs the target on ctx.cache: it cannot run compiled")
 
     def generate(
         self, prompt_ids: list[int], max_new_tokens: int, generator: torch.Generator | None = None
@@ -204,7 +219,7 @@ class Decoder:
             raise ConfigError("cannot generate from an empty prompt (0 tokens)")
         device = self.model.device
         self.drafter.start(list(prompt_ids))
-        cache = new_cache(self.model, len(prompt_ids) + max_new_tokens + TREE_ROWS)
+        cache = self.verifier.cache_for(len(prompt_ids) + max_new_tokens)
         tail = self.drafter.prefill_tail(generator)
         synchronize(device)
         start = time.perf_counter()
@@ -227,7 +242,8 @@ class Decoder:
             remaining = max_new_tokens - len(gen.output_ids)
             step_start = time.perf_counter()
             clock.start(step_start)
-            ctx = DecodeContext(tokens, len(prompt_ids), remaining, gen.target_forwards, generator, cache)
+            shared = None if self.verifier.compiled else cache  # the static cache is the compiled path's own
+            ctx = DecodeContext(tokens, len(prompt_ids), remaining, gen.target_forwards, generator, shared)
             step = self._step(ctx, cache, clock)
             clock.lap("update")  # drafter.observe, and freeing the step's trees and logits on return
             emitted, stop = clip_emitted(step.emitted, self.eos_ids, remaining)
@@ -241,6 +257,11 @@ class Decoder:
         gen.stop_reason = stop
         return gen
 
+    @property
+    def compiled(self) -> bool:
+        """Whether the verify forwards run compiled on a static cache."""
+        return self.verifier.compiled
+
     def stats(self) -> dict[str, Any]:
         """The drafter's internals after the latest generation."""
         return self.drafter.stats()
@@ -249,21 +270,46 @@ class Decoder:
         """The parts the drafter loaded."""
         return self.drafter.artefacts()
 
-    def _step(self, ctx: DecodeContext, cache: DynamicCache, clock: PhaseClock) -> StepOutcome:
+    def replay(
+        self, prompt_ids: list[int], output_ids: list[int], max_new_tokens: int, generator: torch.Generator | None
+    ) -> list[int] | None:
+        """The drafter recalls the generation from its output (``Drafter.recall``), or it runs again on the loop."""
+        if self.drafter.recall(list(prompt_ids), list(output_ids)):
+            return None
+        return self.generate(prompt_ids, max_new_tokens, generator).output_ids
+
+    def _check_proposal(self, tree: object, ctx: DecodeContext) -> None:
+        """Refuse what the drafter handed over before any forward sees it: a tree that is not one (its structure,
+        token ids outside the vocabulary, aux shapes), a root other than the last token, or a KV cache left longer
+        or shorter than the committed tokens (O(nodes) in Python: far below a forward's time)."""
+        name = type(self.drafter).__name__
+        if not isinstance(tree, DraftTree):
+            raise DrafterError(f"{name}.propose returned a {type(tree).__name__}, not a DraftTree")
+        problem = tree.problem(self.vocab)
+        if problem is None and tree.tokens[0] != ctx.root:
+            problem = f"node 0 is token {tree.tokens[0]}, not the root (the last committed token, {ctx.root})"
+        if problem is not None:
+            raise DrafterError(f"{name} proposed a tree the target cannot verify at step {ctx.step}: {problem}")
+        rows = ctx.position if ctx.cache is None else cache_length(ctx.cache)  # compiled: the drafter sees no cache
+        if rows != ctx.position:
+            change = f"left {rows - ctx.position} rows of its own in" if rows > ctx.position else "removed rows from"
+            raise DrafterError(
+                f"{name} {change} the target's KV cache at step {ctx.step} ({rows} rows, the committed tokens hold "
+                f"{ctx.position}); a drafter that runs the target on ctx.cache must crop it back to ctx.position rows"
+            )
+
+    def _step(self, ctx: DecodeContext, cache: Cache, clock: PhaseClock) -> StepOutcome:
         """One propose -> verify -> accept -> compact -> observe; returns what the step emitted and drafted.
 
         ``clock`` laps draft, verify and accept; the caller laps update once the step's locals are freed.
         """
         tree = self.drafter.propose(ctx)
-        if tree.tokens[0] != ctx.root:
-            raise RuntimeError(f"{type(self.drafter).__name__} proposed a tree whose root is not the last token")
-        if cache_length(cache) != ctx.position:
-            raise RuntimeError(f"{type(self.drafter).__name__} left rows of its own in the target's KV cache")
+        self._check_proposal(tree, ctx)
         tree = tree.pruned(ctx.remaining - 1)  # deeper nodes could never be emitted
         past_len = ctx.position
-        flat = lay_out(self.model, cache, tree)
+        flat = self.verifier.lay_out(tree, past_len)
         clock.lap("draft")
-        verified = forward_tree(self.model, cache, tree, self.drafter.hidden_layers, flat)
+        verified = self.verifier.verify(cache, tree, self.drafter.hidden_layers, flat)
         clock.lap("verify")
         accepted = self.accept_fn(tree, verified.logits, self.sampling, ctx.generator)
         compact_cache(cache, past_len, accepted.path)

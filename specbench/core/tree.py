@@ -28,6 +28,13 @@ def child_lists(parents) -> list[list[int]]:
     return kids
 
 
+def id_range_problem(what: str, low: int, high: int, vocab: int) -> str | None:
+    """Why ids from ``low`` to ``high`` are not all token ids of a ``vocab``-token model (None when they are)."""
+    if low < 0 or high >= vocab:
+        return f"{what} id {low if low < 0 else high} is outside the target's vocabulary (0..{vocab - 1})"
+    return None
+
+
 @dataclass
 class AuxBlock:
     """Extra query rows in the verify forward whose logits only the drafter reads."""
@@ -37,15 +44,24 @@ class AuxBlock:
     mask: torch.Tensor  # [m, m] bool, row i may attend aux row j (diagonal must be True)
 
     def __post_init__(self) -> None:
-        m = self.tokens.numel()
-        if self.pos_offsets.shape != (m,) or self.mask.shape != (m, m):
-            raise ValueError(
-                f"AuxBlock shapes disagree: tokens {m}, offsets "
-                f"{tuple(self.pos_offsets.shape)}, mask {tuple(self.mask.shape)}"
-            )
+        problem = self.shape_problem()
+        if problem is not None:
+            raise ValueError(problem)
 
     def __len__(self) -> int:
         return self.tokens.numel()
+
+    def shape_problem(self) -> str | None:
+        """Why the rows cannot be laid out (tokens not one row of ids, offsets or mask of other sizes), or None."""
+        m = self.tokens.numel()
+        if self.tokens.dim() != 1 or self.tokens.dtype != torch.long:
+            return f"aux tokens must be a 1-D long tensor, got {self.tokens.dtype} of shape {tuple(self.tokens.shape)}"
+        if self.pos_offsets.shape != (m,) or self.mask.shape != (m, m) or self.mask.dtype != torch.bool:
+            return (
+                f"AuxBlock shapes disagree: tokens {m}, offsets {tuple(self.pos_offsets.shape)}, "
+                f"mask {tuple(self.mask.shape)} {self.mask.dtype} (want ({m},) and bool ({m}, {m}))"
+            )
+        return None
 
 
 @dataclass
@@ -58,13 +74,47 @@ class DraftTree:
     aux: AuxBlock | None = None
 
     def __post_init__(self) -> None:
-        if len(self.tokens) != len(self.parents) or not self.tokens:
-            raise ValueError("a DraftTree needs one parent per token and at least the root")
-        if self.parents[0] != -1:
-            raise ValueError("node 0 must be the root (parent -1)")
-        bad = next((i for i, parent in enumerate(self.parents[1:], start=1) if not 0 <= parent < i), None)
-        if bad is not None:
-            raise ValueError(f"node {bad} has parent {self.parents[bad]}: parents must precede children")
+        problem = self.structure_problem()
+        if problem is not None:
+            raise ValueError(problem)
+
+    def structure_problem(self) -> str | None:
+        """Why this is not a parent-index tree in topological order rooted at node 0 (None when it is).
+
+        O(nodes) in Python; the loop runs it on every proposed tree, since ``tokens`` and ``parents`` are plain
+        lists a drafter may change after construction.
+        """
+        tokens, parents = self.tokens, self.parents
+        if len(tokens) != len(parents) or not tokens:
+            return (
+                f"a DraftTree needs one parent per token and at least the root "
+                f"({len(tokens)} tokens, {len(parents)} parents)"
+            )
+        if parents[0] != -1:
+            return f"node 0 must be the root (parent -1), got parent {parents[0]!r}"
+        for node, parent in enumerate(parents):
+            if node and not (type(parent) is int and 0 <= parent < node):
+                return f"node {node} has parent {parent!r}: parents must be earlier nodes (0 <= parent < node)"
+        return None
+
+    def problem(self, vocab: int) -> str | None:
+        """Why a model reading token ids ``0..vocab-1`` cannot verify this tree (None when it can): its structure,
+        token ids that are not integers in range (aux rows' included), aux shapes, draft-probability rows."""
+        problem = self.structure_problem()
+        if problem is None and not all(type(token) is int for token in self.tokens):
+            bad = next(token for token in self.tokens if type(token) is not int)
+            problem = f"token {bad!r} is a {type(bad).__name__}, not an int"
+        if problem is None:
+            problem = id_range_problem("token", min(self.tokens), max(self.tokens), vocab)
+        if problem is None and self.aux is not None:
+            problem = self.aux.shape_problem()
+            if problem is None and len(self.aux):
+                low, high = torch.aminmax(self.aux.tokens)
+                problem = id_range_problem("aux token", int(low), int(high), vocab)
+        probs = self.draft_probs
+        if problem is None and probs is not None and (probs.dim() != 2 or probs.shape[0] != len(self.tokens)):
+            problem = f"draft_probs has shape {tuple(probs.shape)}; it needs one row per node: ({len(self)}, vocab)"
+        return problem
 
     @cached_property
     def depths(self) -> list[int]:
@@ -159,6 +209,7 @@ class FlatPass:
     input_ids: torch.Tensor  # [1, q] long
     position_ids: torch.Tensor  # [1, q] long
     attention_mask: torch.Tensor | None  # [1, 1, q, past + q] additive float, None = plain causal
+    # (with a fixed ``shape``: [1, 1, rows, columns])
 
 
 def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
@@ -177,30 +228,41 @@ def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
     return allowed
 
 
-def flatten(tree: DraftTree, past_len: int, dtype: torch.dtype, device: torch.device) -> FlatPass:
+def flatten(
+    tree: DraftTree, past_len: int, dtype: torch.dtype, device: torch.device, shape: tuple[int, int] | None = None
+) -> FlatPass:
     """Lay a tree (+ aux block) out as one forward: tokens, positions and the 4-D additive mask.
 
     The host sends the tokens and parents (one small copy); the mask and the positions (past length
-    + depth = number of ancestors) are built on ``device``.
+    + depth = number of ancestors) are built on ``device``. ``shape`` = (rows, columns) pads the pass to a
+    fixed size (the compiled path's bucket and static cache, ``specbench.core.compiled``): padding rows hold
+    token 0 at position ``past_len`` and see only themselves; every row is blocked from the columns after its
+    pass's rows (padding rows, and cache rows past the valid length).
 
-    NOTE: chains without aux rows get no mask at all, so the attention kernel takes its causal
-    fast path (this is what makes AR and SpeDe steps cost what HF ``generate`` steps cost).
+    NOTE: chains without aux rows and without ``shape`` get no mask at all, so the attention kernel takes its
+    causal fast path (this is what makes AR and SpeDe steps cost what HF ``generate`` steps cost).
     """
     n, aux = len(tree), tree.aux
-    if aux is None and tree.is_chain:
+    if aux is None and tree.is_chain and shape is None:
         tokens = torch.tensor(tree.tokens, dtype=torch.long, device=device)  # [n]
         positions = torch.arange(past_len, past_len + n, device=device)  # [n]
         return FlatPass(tokens[None], positions[None], None)
     tokens, parents = torch.tensor([tree.tokens, tree.parents], dtype=torch.long, device=device)  # [n] each
     m = len(aux) if aux is not None else 0
-    allowed = torch.zeros(n + m, n + m, dtype=torch.bool, device=device)  # [q, q] over the new rows
-    allowed[:n, :n] = ancestor_mask(parents)
-    positions = past_len - 1 + allowed[:n, :n].sum(dim=-1)  # [n] past_len + depth
+    rows, columns = shape or (n + m, past_len + n + m)
+    if rows < n + m or columns < past_len + rows:
+        raise ValueError(f"a pass of {n + m} rows after {past_len} cached ones does not fit the shape {shape}")
+    seen = torch.eye(rows, columns - past_len, dtype=torch.bool, device=device)  # [rows, columns - past]
+    seen[:n, :n] = ancestor_mask(parents)
+    positions = past_len - 1 + seen[:n, :n].sum(dim=-1)  # [n] past_len + depth
     if aux is not None:
         tokens = torch.cat([tokens, aux.tokens.to(device)])
         positions = torch.cat([positions, past_len + aux.pos_offsets.to(device)])
-        allowed[n:, 0] = True  # every aux row sees the root
-        allowed[n:, n:] = aux.mask.to(device)
-    mask = torch.zeros(n + m, past_len + n + m, dtype=dtype, device=device)  # [q, past+q]
-    mask[:, past_len:].masked_fill_(~allowed, torch.finfo(dtype).min)
+        seen[n : n + m, 0] = True  # every aux row sees the root
+        seen[n : n + m, n : n + m] = aux.mask.to(device)
+    if rows > n + m:  # padding rows: token 0 at the root's position
+        tokens = torch.nn.functional.pad(tokens, (0, rows - n - m))  # [rows]
+        positions = torch.nn.functional.pad(positions, (0, rows - n - m), value=past_len)  # [rows]
+    mask = torch.zeros(rows, columns, dtype=dtype, device=device)  # [rows, columns]
+    mask[:, past_len:].masked_fill_(~seen, torch.finfo(dtype).min)
     return FlatPass(tokens[None], positions[None], mask[None, None])

@@ -1,18 +1,21 @@
 """The one verification primitive: a flattened tree in one target forward, and KV-cache compaction.
 
-The KV cache is transformers' ``DynamicCache`` with its full-attention layers swapped for
+The eager path's KV cache is transformers' ``DynamicCache`` with its full-attention layers swapped for
 ``ReservedLayer``: keys and values live in a buffer reserved for the whole generation, so a verify
 forward writes its rows in place instead of concatenating (reallocating and copying) every layer's
-cache every step, and compaction moves only the kept rows.
+cache every step, and compaction moves only the kept rows. The compiled path
+(``specbench.core.compiled``) keeps a ``static_cache`` of fixed-size ``StaticRows`` layers instead; both
+kinds are compacted by ``compact_cache`` and held behind the ``Verifier`` interface the loop calls.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
 from specbench.core.tree import DraftTree, FlatPass, flatten
 from specbench.errors import ConfigError
@@ -61,6 +64,11 @@ class ReservedLayer(DynamicLayer):
         self.keys, self.values = self.key_buffer[..., :end, :], self.value_buffer[..., :end, :]
         return self.keys, self.values
 
+    def keep(self, length: int) -> None:
+        """Hold the first ``length`` rows only (new views; the buffer stays)."""
+        assert self.keys is not None and self.values is not None  # a forward has filled the layer
+        self.keys, self.values = self.keys[..., :length, :], self.values[..., :length, :]
+
     def _grow(self, rows: int) -> None:
         """Move the cached rows into buffers of ``rows`` rows (the only reallocation)."""
         assert self.keys is not None  # only update grows the buffers, after lazy_initialization
@@ -77,6 +85,13 @@ def new_cache(model, reserve: int = 0) -> DynamicCache:
 
     Only full-attention layers can be compacted row by row, so other layer kinds are refused.
     """
+    cache = refuse_other_layers(model)
+    cache.layers = [ReservedLayer(reserve) for _ in cache.layers]
+    return cache
+
+
+def refuse_other_layers(model) -> DynamicCache:
+    """``model``'s own (dynamic) cache, or a ConfigError when a layer of it is not plain full attention."""
     cache = DynamicCache(config=model.config)
     unsupported = {type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer}
     if unsupported:
@@ -84,8 +99,38 @@ def new_cache(model, reserve: int = 0) -> DynamicCache:
             f"{model.config.model_type} uses cache layers {sorted(unsupported)} (sliding-window "
             f"or recurrent); specbench's tree verifier needs full-attention KV caches"
         )
-    cache.layers = [ReservedLayer(reserve) for _ in cache.layers]
     return cache
+
+
+class StaticRows(StaticLayer):
+    """A full-attention cache layer of a fixed number of rows (``torch.compile``'s static shapes): a forward
+    writes its rows after the valid ones (transformers' ``StaticLayer``: at the device-side length
+    ``cumulative_length``) and attends to all rows, the mask blocking the ones past the valid length; ``keep``
+    sets that length, so dropping rows moves nothing and never syncs with the host."""
+
+    def keep(self, length: int) -> None:
+        """Hold the first ``length`` rows only (the rows after them are overwritten by the next forward)."""
+        self.cumulative_length.fill_(length)
+
+
+def static_cache(model, rows: int) -> Cache:
+    """A KV cache of ``rows`` rows per layer, allocated now (not at the first forward) and empty.
+
+    Only full-attention layers can be compacted row by row, so other layer kinds are refused.
+    """
+    refuse_other_layers(model)
+    layers, heads, head_dim = kv_dims(model)
+    cache = Cache(layers=[StaticRows(rows) for _ in range(layers)])
+    cache.early_initialization(1, heads, head_dim, model.dtype, model.device)
+    return cache
+
+
+def kv_dims(model) -> tuple[int, int, int]:
+    """The target's KV cache per token: (layers, key/value heads, head dimension)."""
+    config = model.config.get_text_config(decoder=True)
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return config.num_hidden_layers, heads, head_dim
 
 
 def cache_length(cache: DynamicCache) -> int:
@@ -117,11 +162,28 @@ def forward_tree(
         use_cache=True,
         output_hidden_states=bool(hidden_layers),
     )
-    logits = out.logits[0].float()  # [q, vocab]
+    return verify_output(tree, out.logits, out.hidden_states, hidden_layers)
+
+
+def verify_output(
+    tree: DraftTree,
+    logits: torch.Tensor,
+    hidden_states: tuple[torch.Tensor, ...] | None,
+    hidden_layers: tuple[int, ...],
+    copy: bool = False,
+) -> VerifyOutput:
+    """The rows a verify forward's outputs (logits ``[1, q, vocab]``, hidden states ``[1, q, hidden]`` each, ``q``
+    at least the tree's and aux rows) hold for the tree (float32 logits, the asked-for hidden rows) and for the aux
+    rows; ``copy`` returns copies (outputs a CUDA graph overwrites at its next replay)."""
     n = len(tree)
-    hidden = layer_rows(out.hidden_states, hidden_layers, n) if hidden_layers else None  # [n, layers x hidden]
-    aux_logits = logits[n:] if tree.aux is not None else None
-    return VerifyOutput(logits[:n], aux_logits, hidden)
+    rows = logits[0, : n + (len(tree.aux) if tree.aux is not None else 0)]  # [n + aux, vocab]
+    rows = rows.to(torch.float32, copy=copy)
+    hidden = None
+    if hidden_layers:
+        assert hidden_states is not None  # asked for whenever hidden_layers is set
+        hidden = layer_rows(hidden_states, hidden_layers, n)  # [n, layers x hidden]
+        hidden = hidden.clone() if copy and len(hidden_layers) == 1 else hidden
+    return VerifyOutput(rows[:n], rows[n:] if tree.aux is not None else None, hidden)
 
 
 WARM_UP_WIDTHS = (2, 16, 64)
@@ -182,24 +244,69 @@ def prefill_with_tail(
     return logits[0], logits[1:]
 
 
-def compact_cache(cache: DynamicCache, past_len: int, kept_nodes: list[int]) -> None:
+def compact_cache(cache: Cache, past_len: int, kept_nodes: list[int]) -> None:
     """Keep cache rows ``0..past_len-1`` plus the new rows of ``kept_nodes`` (node order), drop the rest.
 
     NOTE: when the kept rows are already contiguous from ``past_len`` (chains, AR) this is a plain
-    crop (new views); otherwise one ``index_select`` per layer gathers the few kept rows in place.
+    crop (new views, or a new valid length); otherwise one ``index_select`` per layer gathers the few kept
+    rows in place.
     """
     keep_len = past_len + len(kept_nodes)
     contiguous = kept_nodes == list(range(len(kept_nodes)))
     rows = None if contiguous else torch.tensor(kept_nodes, dtype=torch.long) + past_len  # [kept]
     rows_on: dict[torch.device, torch.Tensor] = {}  # one copy per device (layers may span GPUs)
     for layer in cache.layers:
-        # new_cache admits full-attention (DynamicLayer) layers only, and a forward has filled them
-        assert isinstance(layer, DynamicLayer) and layer.keys is not None and layer.values is not None
+        # new_cache and static_cache make only these layers, and a forward (or allocation) has filled them
+        assert isinstance(layer, ReservedLayer | StaticRows) and layer.keys is not None and layer.values is not None
         if rows is not None:
             if layer.keys.device not in rows_on:
                 rows_on[layer.keys.device] = rows.to(layer.keys.device)
             index = rows_on[layer.keys.device]
             layer.keys[..., past_len:keep_len, :] = layer.keys.index_select(-2, index)
             layer.values[..., past_len:keep_len, :] = layer.values.index_select(-2, index)
-        layer.keys = layer.keys[..., :keep_len, :]
-        layer.values = layer.values[..., :keep_len, :]
+        layer.keep(keep_len)
+
+
+class Verifier(Protocol):
+    """How the loop runs its verify forwards: a cache per generation, each tree laid out and verified on it
+    (``EagerVerifier`` here; ``specbench.core.compiled.CompiledVerifier`` on a static cache)."""
+
+    compiled: bool  # whether forwards run through torch.compile on a static cache
+
+    def cache_for(self, context: int) -> Cache:
+        """An empty KV cache with room for ``context`` positions (prompt and budget) and one step's pass after them."""
+        ...
+
+    def lay_out(self, tree: DraftTree, past_len: int) -> FlatPass:
+        """``tree``'s forward inputs after ``past_len`` cached rows."""
+        ...
+
+    def verify(self, cache: Cache, tree: DraftTree, hidden_layers: tuple[int, ...], flat: FlatPass) -> VerifyOutput:
+        """ONE target forward over the laid-out ``tree`` on ``cache``; the cache holds all its rows after."""
+        ...
+
+
+TREE_ROWS = 128
+"""Cache rows the eager path reserves beyond prompt + budget for the last step's tree and aux rows (more grows once)."""
+
+
+class EagerVerifier:
+    """The eager path: a reserved dynamic cache per generation, every tree verified at its own width (a chain
+    without aux rows on the causal fast path)."""
+
+    compiled = False
+
+    def __init__(self, model) -> None:
+        self.model = model
+
+    def cache_for(self, context: int) -> DynamicCache:
+        """A reserved dynamic cache (``new_cache``) of ``context`` + ``TREE_ROWS`` rows (a wider pass grows it)."""
+        return new_cache(self.model, context + TREE_ROWS)
+
+    def lay_out(self, tree: DraftTree, past_len: int) -> FlatPass:
+        """``flatten`` on the model's device, at the tree's own width."""
+        return flatten(tree, past_len, self.model.dtype, self.model.device)
+
+    def verify(self, cache: Cache, tree: DraftTree, hidden_layers: tuple[int, ...], flat: FlatPass) -> VerifyOutput:
+        """``forward_tree``."""
+        return forward_tree(self.model, cache, tree, hidden_layers, flat)

@@ -13,6 +13,7 @@ subsampled to ``sample_size`` records with ``sample_seed`` by one of the papers'
 
 from __future__ import annotations
 
+import codecs
 import itertools
 import json
 import random
@@ -56,9 +57,10 @@ def read_jsonl(
 ) -> list[dict]:
     """Records of a JSON Lines file (blank lines skipped), each checked: a JSON object holding, for every
     entry of ``required``, at least one of its field names, and every field ``types`` names (when present) of its
-    type (a specbench.settings type hint); a DataError names the file, the line and the field."""
+    type (a specbench.settings type hint); a DataError names the file, the line and the field. A UTF-8 byte-order
+    mark (which Windows editors write) is skipped."""
     records = []
-    for number, raw in enumerate(path.read_bytes().splitlines(), 1):
+    for number, raw in enumerate(path.read_bytes().removeprefix(codecs.BOM_UTF8).splitlines(), 1):
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as error:
@@ -383,6 +385,6 @@ class Dataset:
         )
         return (
             f"Dataset '{self.name}' is unavailable: {problem}. {remote}; offline, put "
-            f"'{self.local_file}' in a folder and pass data_dir=FOLDER "
-            f"(or set SPECBENCH_DATA_DIR=FOLDER)."
+            f"'{self.local_file}' in a folder and pass data_dir=FOLDER (or set SPECBENCH_DATA_DIR=FOLDER; unset, a "
+            f"source checkout reads ../shared/datasets beside it)."
         )

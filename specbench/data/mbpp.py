@@ -8,7 +8,8 @@ Two variants (``split_variant``):
 - ``sanitized``: the hand-verified subset the Self-Draft paper sampled from
   (docs/methods/self_draft.md#evaluation-protocol-of-the-paper);
   Hub config ``sanitized``, split ``test`` (257); fields ``prompt`` (instead of ``text``), ``code``,
-  ``test_list``, ``test_imports``. Local ``mbpp_sanitized.jsonl`` (all splits, in the Hub's fields) or Hub.
+  ``test_list``, ``test_imports``. Offline from a local ``mbpp_sanitized.jsonl`` (all splits, in the Hub's fields;
+  the shared offline folder holds one), else the Hub.
 
 The user turn (``template``): ``task``, the MBPP paper's zero-shot task wording "You are an expert Python
 programmer, and here is your task: {text} Your code should pass these tests:\\n\\n{tests}" (one assert per

@@ -69,9 +69,9 @@ class PromptFile(Dataset):
         return records
 
     def _text_records(self) -> list[dict]:
-        """One record per non-empty line: {id: line number, prompt: the line}."""
+        """One record per non-empty line: {id: line number, prompt: the line}; a UTF-8 byte-order mark is skipped."""
         try:
-            lines = self.path.read_text(encoding="utf-8").splitlines()
+            lines = self.path.read_text(encoding="utf-8-sig").splitlines()
         except UnicodeDecodeError as error:
             raise DataError(f"{self.path}: not UTF-8 text (byte {error.start}); save the file as UTF-8") from None
         records = [{self.id_field: str(n), self.prompt_field: line} for n, line in enumerate(lines, 1) if line.strip()]

@@ -102,6 +102,7 @@ class DraftVerify(Drafter):
     """Drafts a chain with the target's skipped-layer forward; exits early below the adaptive threshold."""
 
     COUNTERS = ("steps", "drafted", "accepted_tokens", "draft_forwards", "threshold_sum")
+    needs_dynamic_cache = True  # the skipped-layer draft runs on the target's own cache (ctx.cache)
 
     def __init__(
         self,
@@ -146,10 +147,16 @@ class DraftVerify(Drafter):
         if self.given is None:
             assert self.search_settings is not None  # set whenever no set is given
             self.skipper.use(self.searched_set(target, tokenizer, self.search_settings))
+            self.threshold = self.initial_threshold  # the run starts at gamma_0, searched here or loaded from the cache
 
     def reset(self, prompt_ids: list[int]) -> None:
         """Per generation the smoothed acceptance rate restarts; gamma carries over."""
         self.smoothed_acceptance = 0.0
+
+    def recall(self, prompt_ids: list[int], output_ids: list[int]) -> bool:
+        """The adaptive threshold gamma, moved by every step's acceptance, carries across generations: then the
+        generation runs again (False); a fixed threshold carries nothing."""
+        return not self.adaptive
 
     def propose(self, ctx: DecodeContext) -> DraftTree:
         """Draft up to K tokens with the skipped-layer forward on the target's cache, then crop its rows."""

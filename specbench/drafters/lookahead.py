@@ -182,6 +182,13 @@ class Lookahead(Drafter):
         self._tokens = None
         self._synced = len(prompt_ids)
 
+    def recall(self, prompt_ids: list[int], output_ids: list[int]) -> bool:
+        """Insert the prompt as ``reset`` does; the output streams in at the next ``reset``, as a live response's last
+        tokens do (windows enter in token order, so the memory is the same)."""
+        self.reset(prompt_ids)
+        self._tokens = [*prompt_ids, *output_ids]
+        return True
+
     def _sync(self, ctx: DecodeContext) -> None:
         """Stream the tokens committed since the last step (ctx.tokens is the truth after EOS/budget cuts)."""
         self._tokens = ctx.tokens

@@ -128,6 +128,11 @@ class SAMDecoding(Drafter):
             if self.matcher is not None:
                 self.matcher.extend(prompt_ids)
 
+    def recall(self, prompt_ids: list[int], output_ids: list[int]) -> bool:
+        """The automata are per request; the Token Recycling fallback's table, kept across requests, holds the
+        target's top-k of every verified row: with it the generation runs again (False)."""
+        return self.table is None
+
     def propose(self, ctx: DecodeContext) -> DraftTree:
         """Sync the automata with the committed tokens, then copy after the longer match (or fall back)."""
         with self.books.timed("automaton"):

@@ -157,6 +157,7 @@ class SelfDraft(Drafter):
         self.use_corpus = bool(use_corpus_cache)
         self.official_step_cap = bool(official_step_cap)
         self.branch_filling = branch_filling
+        self.needs_dynamic_cache = branch_filling == "diagonal"  # its pads run on the target's cache (ctx.cache)
         self.official_context_update = bool(official_context_update)
         self.official_corpus_lookup = bool(official_corpus_lookup)
         self.official_flush = bool(official_flush)
@@ -207,6 +208,11 @@ class SelfDraft(Drafter):
         self.prompt = prompt
         self.branches = []
         self.harvested = 0
+
+    def recall(self, prompt_ids: list[int], output_ids: list[int]) -> bool:
+        """The context cache holds the drafting branches' n-grams (the target's predictions at the aux rows), which the
+        output alone does not tell: the generation runs again (False)."""
+        return False
 
     def propose(self, ctx: DecodeContext) -> DraftTree:
         """Context + corpus candidates as a trie (none during start-up); the branches as aux rows."""

@@ -35,6 +35,11 @@ class SpeDe(DraftModelDrafter):
         if self.schedule != "heuristic":
             self.gamma = self.initial_gamma
 
+    def recall(self, prompt_ids: list[int], output_ids: list[int]) -> bool:
+        """HF's persistent ``heuristic`` schedule carries gamma, moved by every step's acceptance, across generations:
+        then the generation runs again (False); the other schedules restart per generation."""
+        return self.schedule != "heuristic"
+
     def draft_tree(self, ctx: DecodeContext) -> DraftTree:
         """Sync the draft cache, then draft up to gamma tokens (fewer at an EOS or the budget's end)."""
         budget = min(self.gamma, ctx.remaining - 1)

@@ -93,6 +93,13 @@ class SuffixDecoding(Drafter):
         self._tokens = None
         self._synced = self._prompt_len = len(prompt_ids)
 
+    def recall(self, prompt_ids: list[int], output_ids: list[int]) -> bool:
+        """Open the generation as ``reset`` does; its output enters the global tree at the next ``reset``, as a live
+        response's last tokens do (the trees count token by token, so the result is the same)."""
+        self.reset(prompt_ids)
+        self._tokens = [*prompt_ids, *output_ids]
+        return True
+
     def _sync(self, tokens: list[int]) -> None:
         """Add the tokens committed since the last step to both trees (the response only to the global one)."""
         new = tokens[self._synced :]

@@ -68,6 +68,14 @@ class TokenRecycling(Drafter):
             self._table().reset()
         self.generations += 1
 
+    def recall(self, prompt_ids: list[int], output_ids: list[int]) -> bool:
+        """Hot start: ``M`` holds the top-k of every row the target verified, which the output alone does not tell,
+        so the generation runs again (False). Cold start: ``M`` is zeroed per generation; only the count moves."""
+        if self.hot_start:
+            return False
+        self.generations += 1
+        return True
+
     def propose(self, ctx: DecodeContext) -> DraftTree:
         """The static tree (cut to the budget) filled from the root over ``M``."""
         shape = self.shape.pruned(ctx.remaining - 1)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from specbench.errors import ConfigError, ModelUnavailable
 from specbench.manifest import finished_manifest, part_name
 from specbench.models.loading import build_tiny_llama, load_pretrained
-from specbench.paths import distilled_draft_dir
+from specbench.models.parts import part_kind
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -45,8 +45,8 @@ def vocab_width(model) -> int:
 def distilled_dir(target_name: str) -> tuple[Path, str]:
     """The distilled draft's directory for ``target_name`` and its part name, or a ModelUnavailable saying
     how to train it (also when its manifest does not say training finished)."""
-    directory = distilled_draft_dir(target_name)
-    command = f"python -m specbench.train draft model={target_name}"
+    kind = part_kind("draft")
+    directory, command = kind.folder(target_name), kind.command_line(target_name)
     if not directory.is_dir():
         raise ModelUnavailable(
             f"no distilled draft model for {target_name} at {directory}; train it once with "

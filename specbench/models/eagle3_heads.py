@@ -48,9 +48,9 @@ from specbench.models.eagle_heads import (
     read_checkpoint,
     trained_accuracy,
 )
-from specbench.models.medusa_heads import CheckpointFiles, cached_then_hub, head_source, trained_part
+from specbench.models.medusa_heads import CheckpointFiles, cached_then_hub, head_source
+from specbench.models.parts import part_kind
 from specbench.models.vocab import place_in_vocab
-from specbench.paths import cache_root
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -261,11 +261,6 @@ def published_head(path: str, revision: str | None, target: PreTrainedModel) -> 
     return head_from_state(state, raw, target, path), accuracy
 
 
-def trained_dir(target_name: str) -> Path:
-    """Where ``python -m specbench.train eagle3 model=<target_name>`` keeps its head."""
-    return cache_root() / "eagle3" / target_name
-
-
 def load_eagle3(node, target: PreTrainedModel, target_name: str) -> LoadedEagle3:
     """The head a ``conf/model/*.yaml`` ``eagle3:`` node names, bound to ``target``, with the layers it fuses."""
     source = head_source(node, "eagle3", target_name)
@@ -274,9 +269,7 @@ def load_eagle3(node, target: PreTrainedModel, target_name: str) -> LoadedEagle3
         head, accuracy = published_head(str(node["path"]), node.get("revision"), target)
         return LoadedEagle3(head, layers, str(node["path"]), accuracy)
     if source == "trained":
-        folder = trained_dir(target_name)
-        command = f"python -m specbench.train eagle3 model={target_name}"
-        manifest = trained_part(folder, "EAGLE-3 head", command, target_name)
+        folder, manifest = part_kind("eagle3").built(target_name)
         head, accuracy = published_head(str(folder), None, target)
         return LoadedEagle3(head, layers, part_name("eagle3", folder, manifest), accuracy)
     seed = int(node.get("seed", 0))

@@ -34,8 +34,8 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 
 from specbench.errors import ConfigError
 from specbench.manifest import TRAINING_FILE, part_name, save_trained_heads
-from specbench.models.medusa_heads import CheckpointFiles, cached_then_hub, head_source, read_tensors, trained_part
-from specbench.paths import cache_root
+from specbench.models.medusa_heads import CheckpointFiles, cached_then_hub, head_source, read_tensors
+from specbench.models.parts import part_kind
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -295,16 +295,10 @@ def trained_accuracy(folder: Path) -> list[float] | None:
     return json.loads(record.read_text()).get("accuracy", {}).get("top1") if record.is_file() else None
 
 
-def trained_dir(target_name: str) -> Path:
-    """Where ``python -m specbench.train eagle model=<target_name>`` keeps its head."""
-    return cache_root() / "eagle" / target_name
-
-
 def trained_head(target_name: str, target: PreTrainedModel) -> LoadedHead:
     """Our own trained head for ``target_name`` (only if its manifest says training finished), named in runs by
     its weights digest."""
-    folder = trained_dir(target_name)
-    manifest = trained_part(folder, "EAGLE head", f"python -m specbench.train eagle model={target_name}", target_name)
+    folder, manifest = part_kind("eagle").built(target_name)
     loaded = published_head(str(folder), None, target)
     return LoadedHead(loaded.head, part_name("eagle", folder, manifest), loaded.top1_by_depth)
 

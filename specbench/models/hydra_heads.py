@@ -48,9 +48,8 @@ from specbench.models.medusa_heads import (
     calibration_table,
     head_source,
     read_tensors,
-    trained_part,
 )
-from specbench.paths import cache_root
+from specbench.models.parts import part_kind
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -268,15 +267,9 @@ def random_hydra(target: PreTrainedModel, num_heads: int, num_layers: int, arch:
     return LoadedHydra(bound(heads, target), f"random(seed={seed},arch={arch})")
 
 
-def trained_dir(target_name: str) -> Path:
-    """Where ``python -m specbench.train hydra model=<target_name>`` keeps its heads."""
-    return cache_root() / "hydra" / target_name
-
-
 def trained_hydra(target_name: str, target: PreTrainedModel) -> LoadedHydra:
     """Heads trained here for ``target_name`` (only with a finished manifest)."""
-    folder = trained_dir(target_name)
-    manifest = trained_part(folder, "Hydra heads", f"python -m specbench.train hydra model={target_name}", target_name)
+    folder, manifest = part_kind("hydra").built(target_name)
     loaded = published_hydra(str(folder), None, target)
     return LoadedHydra(loaded.heads, str(folder), loaded.rank_accuracy, part_name("hydra", folder, manifest))
 

@@ -30,9 +30,9 @@ from torch import nn
 
 from specbench.errors import ConfigError, ModelUnavailable
 from specbench.hub import hub_reachable
-from specbench.manifest import TRAINING_FILE, finished_manifest, part_name, save_trained_heads
+from specbench.manifest import TRAINING_FILE, part_name, save_trained_heads
+from specbench.models.parts import part_kind
 from specbench.models.vocab import ReducedHead
-from specbench.paths import cache_root
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -251,15 +251,6 @@ def cached_then_hub(files: CheckpointFiles, read: Callable[[bool], T], complete:
         raise ModelUnavailable(f"{name} '{files.path}' cannot be downloaded: {error}") from None
 
 
-def trained_part(folder: Path, kind: str, command: str, target_name: str) -> dict:
-    """The manifest of the part ``command`` trained into ``folder``, or a ModelUnavailable saying how to train it."""
-    if not folder.is_dir():
-        raise ModelUnavailable(
-            f"No trained {kind} for model '{target_name}' (looked in {folder}). Train with: {command}"
-        )
-    return finished_manifest(folder, kind, command)
-
-
 def _read_checkpoint(files: CheckpointFiles, cached_only: bool) -> dict[str, torch.Tensor] | None:
     """The heads' state dict from a separate heads file or a bundled (Medusa-2) model; None if absent."""
     for name in WEIGHT_FILES:
@@ -297,19 +288,11 @@ def calibration_table(folder: Path) -> list[list[float]] | None:
     return json.loads(training.read_text()).get("rank_accuracy") if training.is_file() else None
 
 
-def trained_dir(target_name: str) -> Path:
-    """Where ``python -m specbench.train medusa model=<target_name>`` keeps its heads."""
-    return cache_root() / "medusa" / target_name
-
-
 def trained_heads(target_name: str, target: PreTrainedModel) -> LoadedHeads:
     """Our own trained heads for ``target_name`` (only if their manifest says training finished), with the
     calibration table saved beside them."""
-    folder = trained_dir(target_name)
+    folder, manifest = part_kind("medusa").built(target_name)
     weights = folder / WEIGHT_FILES[0]
-    manifest = trained_part(
-        folder, "Medusa heads", f"python -m specbench.train medusa model={target_name}", target_name
-    )
     heads = heads_from_state(read_tensors(weights), target)
     return LoadedHeads(heads, str(folder), calibration_table(folder), part_name("medusa", folder, manifest))
 

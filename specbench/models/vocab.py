@@ -17,20 +17,14 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from specbench.core.drafter import knob_int
 from specbench.errors import ModelUnavailable
-from specbench.paths import cache_root
+from specbench.models.parts import part_kind
 
 RANKING_FILE = "ranking.json"
-
-
-def vocab_dir(target_name: str) -> Path:
-    """Where ``python -m specbench.train vocab`` saves the token ranking of ``target_name``."""
-    return cache_root() / "vocab" / target_name
 
 
 def most_frequent(counts: Mapping[int, int], size: int | None, vocab: int) -> torch.Tensor | None:
@@ -60,11 +54,11 @@ class Ranking:
 
 def load_ranking(target_name: str) -> Ranking:
     """The saved ranking of ``target_name``; a clear error, saying how to count it, when it is absent."""
-    file = vocab_dir(target_name) / RANKING_FILE
+    file = part_kind("vocab").folder(target_name) / RANKING_FILE
     if not file.is_file():
         raise ModelUnavailable(
             f"no token ranking for a reduced draft vocabulary at {file}; count it once with "
-            f"`python -m specbench.train vocab model={target_name}` (it reads the target's self-distilled answers), "
+            f"`{part_kind('vocab').command_line(target_name)}` (it reads the target's self-distilled answers), "
             f"or drop method.drafter.draft_vocab to draft over the whole vocabulary"
         )
     record = json.loads(file.read_text())

@@ -1,6 +1,6 @@
 """``python -m specbench.report RUN_DIR [RUN_DIR...] [--csv OUT.csv] [--divergences] [--by category]
-[--merge-repeats] [--view runs|steps|latency|cost|acceptance|batch|crosscheck|crosscheck_prompts] [--plot OUT.png]
-[--quality] [--reprice CURVE]``:
+[--merge-repeats] [--view runs|steps|latency|cost|acceptance|batch|crosscheck|crosscheck_prompts]
+[--ar same|eager|compiled] [--plot OUT.png] [--quality] [--reprice CURVE]``:
 the report table of stored runs, with speedup against AR."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 from specbench.cli import ArgumentParser, user_errors
 from specbench.errors import StorageError
 from specbench.report.budgets import curves_in, reprice_table
-from specbench.report.compare import divergences, provenance_warning
+from specbench.report.compare import AR_BASELINES, divergences, provenance_warning
 from specbench.report.plot import FIGURES, save_figure
 from specbench.report.quality import quality_table
 from specbench.report.read import load
@@ -48,6 +48,13 @@ def _parser() -> ArgumentParser:
         "sizes, speedup over the AR of the same engine and batch size), crosscheck (a method in specbench's loop "
         "beside the same method in vLLM: tokens per step, drafting, acceptance, outputs) or crosscheck_prompts "
         "(the same, per prompt)",
+    )
+    parser.add_argument(
+        "--ar",
+        choices=AR_BASELINES,
+        default="same",
+        help="the AR run each run is compared with: the one on its own path (same: eager with eager, compiled with "
+        "compiled), or the eager or the compiled AR run for every run",
     )
     parser.add_argument(
         "--quality",
@@ -90,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     with user_errors(argv):
         curves = curves_in(Path(args.reprice)) if args.reprice else []
         runs, samples = load(args.paths, args.by, args.merge_repeats)
-    report = report_table(runs, samples, args.view)
+    report = report_table(runs, samples, args.view, args.ar)
     warning = provenance_warning(runs)
     if warning:
         print(warning, file=sys.stderr)

@@ -17,7 +17,8 @@ AR_METHOD = "ar"
 # What a run must share with its AR baseline for a speedup to mean anything (docs/design.md#fair-comparisons):
 # the same target (weights, revision, chat template, dtype) answering prompts of the same format, in the same engine
 # at the same batch size (a vLLM run never pairs with the shared loop's AR); ``session`` keeps the runs of one
-# benchmark-suite session together ("" for ordinary runs). Per sample, the prompts'
+# benchmark-suite session together ("" for ordinary runs); ``compiled``: the same path (eager or compiled) unless the
+# report is asked for another baseline (``AR_BASELINES``). Per sample, the prompts'
 # token digests must agree too (``_pair_with``).
 MATCH_KEYS = [
     "model",
@@ -34,7 +35,11 @@ MATCH_KEYS = [
     "session",
     "prompt_format",
     "target",
+    "compiled",
 ]
+AR_BASELINES = ("same", "eager", "compiled")
+"""Which AR run a run is compared with: the one on its own path (eager or compiled), or the eager or compiled AR run
+for every run (the speedup of a compiled method over eager AR, or of an eager one over compiled AR)."""
 # A record's key within its run; ``repeat`` tells apart the repeats that ``merge_repeats`` puts in one run.
 SAMPLE_KEY = ["sample_id", "turn", "repeat"]
 BOOTSTRAP_SAMPLES = 1000
@@ -61,15 +66,22 @@ def first_divergence(output: Sequence[int], reference: Sequence[int]) -> int:
     return -1 if len(output) == len(reference) else min(len(output), len(reference))
 
 
-def _ar_partners(runs: pd.DataFrame) -> pd.Series:
-    """run_dir -> run_dir of its AR baseline (an AR run sharing MATCH_KEYS).
+def _ar_partners(runs: pd.DataFrame, against: str = "same") -> pd.Series:
+    """run_dir -> run_dir of its AR baseline (an AR run sharing MATCH_KEYS; with ``against`` eager or compiled, an AR
+    run on that path sharing the other keys).
 
     Preference: the bench session's baseline entry, then the run itself if it is AR, then the same dataset
     categories (``dataset.categories``), then the same seed, then the run with most records.
     """
+    if against not in AR_BASELINES:
+        raise ValueError(f"the AR baseline must be one of {AR_BASELINES}, got {against!r}")
     ar = runs.loc[runs["method"] == AR_METHOD, [*MATCH_KEYS, "run_dir", "seed", "n_records", "entry", "categories"]]
+    keys = MATCH_KEYS
+    if against != "same":
+        ar = ar[ar["compiled"] == (against == "compiled")]
+        keys = [key for key in MATCH_KEYS if key != "compiled"]
     own = runs[["run_dir", "seed", "baseline_entry", "categories", *MATCH_KEYS]]
-    pairs = own.merge(ar, on=MATCH_KEYS, suffixes=("", "_ar"))
+    pairs = own.merge(ar, on=keys, suffixes=("", "_ar"))
     is_baseline = (pairs["baseline_entry"] != "") & (pairs["entry"] == pairs["baseline_entry"])
     preference = pd.DataFrame(
         {
@@ -183,17 +195,20 @@ def _over_ar(matched: pd.DataFrame, runs: pd.DataFrame, column: str) -> pd.Serie
     return pd.to_numeric(matched[column]) / matched["ar_run_dir"].map(values)
 
 
-def match_ar(runs: pd.DataFrame, samples: pd.DataFrame | None = None, same_session: bool = False) -> pd.DataFrame:
+def match_ar(
+    runs: pd.DataFrame, samples: pd.DataFrame | None = None, against: str = "same", same_session: bool = False
+) -> pd.DataFrame:
     """Runs plus ar_run_dir, overhead, n_common, speedup, speedup_mean, exact_match_rate vs AR (NaN: none) and
     ``pairing`` (``pairing_problems``: "" when every sample pair was timed in one session).
 
     Overhead (Medusa's term) = step latency / the AR run's step latency, so speedup ~ tokens per
     step / overhead. With the cost model's columns (``metrics.cost_metrics``), also ``modelled_speedup``: the AR
-    run's modelled ms per token over this run's (the speedup the cost model gives this run's own steps). With
-    ``same_session`` (the reproduction's rule), speedup and exact match count only the sample pairs timed in one
-    session, and the run-level ratios (overhead, modelled speedup) only runs whose every pair was.
+    run's modelled ms per token over this run's (the speedup the cost model gives this run's own steps).
+    ``against`` picks the AR baseline's path (``AR_BASELINES``). With ``same_session`` (the reproduction's rule),
+    speedup and exact match count only the sample pairs timed in one session, and the run-level ratios (overhead,
+    modelled speedup) only runs whose every pair was.
     """
-    partners = _ar_partners(runs)
+    partners = _ar_partners(runs, against)
     pairs = _pair_with(_samples_of(runs, samples), partners)
     matched = runs.assign(ar_run_dir=runs["run_dir"].map(partners), pairing=pairing_problems(runs, pairs))
     apart = matched["pairing"].ne("") & same_session
@@ -326,8 +341,8 @@ def engine_pairs(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def cross_check_prompts(runs: pd.DataFrame, samples: pd.DataFrame | None = None) -> pd.DataFrame:
-    """One row per prompt both engines answered, per cross-checked pair of runs: each engine's steps and tokens per
-    step, whether the steps are equal, and whether the two outputs equal each other and both engines' AR outputs."""
+    """One row per prompt both engines answered, per cross-checked pair of runs: each engine's steps, whether they are
+    equal, whether the two outputs are, and whether both equal both engines' AR outputs (``ars_equal``)."""
     samples = _samples_of(runs, samples)
     outputs = samples.set_index(["run_dir", *SAMPLE_KEY])["output_ids"]
     rows = []
@@ -335,7 +350,8 @@ def cross_check_prompts(runs: pd.DataFrame, samples: pd.DataFrame | None = None)
         own = samples[samples["run_dir"] == pair.run_dir]
         served = samples[samples["run_dir"] == pair.vllm_run_dir]
         both = own.merge(served, on=SAMPLE_KEY, suffixes=("", "_vllm"))
-        both = both[both["prompt_sha"] == both["prompt_sha_vllm"]]
+        unknown = both["prompt_sha"].isna() | both["prompt_sha_vllm"].isna()  # older records: no digest, pair as before
+        both = both[unknown | (both["prompt_sha"] == both["prompt_sha_vllm"])]
         for record in both.to_dict("records"):
             key = tuple(record[k] for k in SAMPLE_KEY)
             references = [outputs.get((run, *key)) for run in (pair.ar_run_dir, pair.vllm_ar_run_dir)]
@@ -348,9 +364,9 @@ def cross_check_prompts(runs: pd.DataFrame, samples: pd.DataFrame | None = None)
                     **dict(zip(SAMPLE_KEY, key, strict=True)),
                     "steps": record["target_forwards"],
                     "vllm_steps": record["target_forwards_vllm"],
-                    "same_steps": record["target_forwards"] == record["target_forwards_vllm"],
-                    "same_output": record["output_ids"] == record["output_ids_vllm"],
-                    "equal_to_ar": all(
+                    "steps_equal": record["target_forwards"] == record["target_forwards_vllm"],
+                    "outputs_equal": record["output_ids"] == record["output_ids_vllm"],
+                    "ars_equal": all(
                         reference is not None and reference == output
                         for reference in references
                         for output in (record["output_ids"], record["output_ids_vllm"])
@@ -368,9 +384,9 @@ CROSS_PROMPT_COLUMNS = [
     *SAMPLE_KEY,
     "steps",
     "vllm_steps",
-    "same_steps",
-    "same_output",
-    "equal_to_ar",
+    "steps_equal",
+    "outputs_equal",
+    "ars_equal",
 ]
 
 
@@ -387,8 +403,8 @@ def cross_check(runs: pd.DataFrame, samples: pd.DataFrame | None = None) -> pd.D
             "method": group["method"].iloc[0],
             "batch_size": group["batch_size"].iloc[0],
             "n_common": len(group),
-            "same_steps": group["same_steps"].mean(),
-            "equal_to_ar": group["equal_to_ar"].mean(),
+            "same_steps": group["steps_equal"].mean(),
+            "equal_to_ar": group["ars_equal"].mean(),
         }
         for engine, run in (("hf", run_dir), ("vllm", vllm_run_dir)):
             records = [

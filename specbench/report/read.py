@@ -1,6 +1,7 @@
 """Reading runs: run folders into ``Run`` objects and pandas frames, split by a record field or merged over
 repeats. Every metric is recomputed from the raw ``samples.jsonl`` records with ``specbench.metrics.aggregate``
-(docs/design.md#results-on-disk); nothing is read back from ``summary.json`` but the run's identity."""
+(docs/design.md#results-on-disk); nothing is read back from ``summary.json`` but the run's identity, and the sample
+count is the records' (a summary that disagrees is warned about)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pandas as pd
 from specbench.costmodel import LatencyCurve
 from specbench.dependencies import dependency_label
 from specbench.errors import UserError
-from specbench.metrics import aggregate, cost_metrics, machine_seconds
+from specbench.metrics import aggregate, cost_metrics, machine_seconds, traffic_metrics
 from specbench.schema import SAMPLE_FIELDS, upgrade_record, validate_record
 from specbench.settings import type_problems
 
@@ -49,6 +50,7 @@ RUN_COLUMNS = [
     "target",
     "artefacts",
     "budget",
+    "compiled",
     "env.git_commit",
     "env.git_dirty",
     "env.dependencies",
@@ -67,6 +69,7 @@ class Run:
     identity: dict
     records: list[dict]
     curves: tuple[LatencyCurve, ...] = ()
+    traffic: dict | None = None  # the summary's memory_traffic (what the bandwidth share is computed from)
 
 
 def find_run_dirs(paths: Iterable[PathLike]) -> list[Path]:
@@ -189,6 +192,22 @@ class SummaryBudget:
 
 
 @dataclass
+class SummaryCompile:
+    """The types of a summary's ``compile`` record (the compiled path) that the report reads."""
+
+    compiled: bool
+
+
+@dataclass
+class SummaryTraffic:
+    """The types of a summary's ``memory_traffic`` (what a step reads, the device's peak bandwidth)."""
+
+    weight_bytes: int
+    kv_bytes_per_token: int
+    peak_bytes_per_s: float
+
+
+@dataclass
 class RunIdentity:
     """The types of the summary.json fields the report reads (a field with a default may be absent: older runs)."""
 
@@ -208,7 +227,10 @@ class RunIdentity:
     artefacts: list[str] | None = None
     budget: SummaryBudget | None = None
     engine: SummaryEngine | None = None
+    dataset_info: dict | None = None
     latency_curves: list[dict] | None = None
+    compile: SummaryCompile | None = None
+    memory_traffic: SummaryTraffic | None = None
 
 
 def _identity(run_dir: Path, summary: dict) -> dict:
@@ -247,6 +269,7 @@ def _identity(run_dir: Path, summary: dict) -> dict:
         "target": summary.get("target") or "",
         "artefacts": ";".join(summary.get("artefacts") or []),
         "budget": budget_label(summary.get("budget")),
+        "compiled": bool((summary.get("compile") or {}).get("compiled")),  # the compiled path (false: eager, or older)
         "predicted_speedup": (summary.get("budget") or {}).get("predicted_speedup"),
         # provenance: the code and the dependency set that measured the run (``provenance_warning``)
         "env.git_commit": environment.get("git_commit"),
@@ -281,7 +304,21 @@ def read_run(run_dir: Path) -> Run:
         ) from None
     if not isinstance(summary, dict):
         raise ReportError(f"{path} must hold a JSON object, got {type(summary).__name__}")
-    return Run(_identity(run_dir, summary), read_records(run_dir), summary_curves(run_dir, summary))
+    identity, records = _identity(run_dir, summary), read_records(run_dir)
+    return Run(counted(identity, records), records, summary_curves(run_dir, summary), summary.get("memory_traffic"))
+
+
+def counted(identity: dict, records: list[dict]) -> dict:
+    """The identity with ``n_samples`` counted from the records (the samples whose records are on disk), with a
+    warning when the summary's count disagrees (an emptied or cut samples.jsonl, a summary older than its records)."""
+    samples = len({record["sample_id"] for record in records})
+    if samples != identity["n_samples"]:
+        warnings.warn(
+            f"{identity['run_dir']}: summary.json counts {identity['n_samples']} samples but samples.jsonl holds "
+            f"{samples}; the report counts the records",
+            stacklevel=3,
+        )
+    return {**identity, "n_samples": samples}
 
 
 def read_runs(paths: Iterable[PathLike]) -> list[Run]:
@@ -292,7 +329,15 @@ def read_runs(paths: Iterable[PathLike]) -> list[Run]:
 def runs_frame(runs: list[Run]) -> pd.DataFrame:
     """One row per run: identity columns plus metrics recomputed from its raw records."""
     frame = pd.DataFrame(
-        [{**run.identity, **aggregate(run.records), **cost_metrics(run.records, run.curves)} for run in runs]
+        [
+            {
+                **run.identity,
+                **aggregate(run.records),
+                **cost_metrics(run.records, run.curves),
+                **traffic_metrics(run.records, run.traffic),
+            }
+            for run in runs
+        ]
     )
     metrics = [column for column in frame.columns if column not in RUN_COLUMNS]
     frame[metrics] = frame[metrics].apply(pd.to_numeric)  # None (no drafts, no steps) -> NaN

@@ -28,6 +28,7 @@ TABLE_COLUMNS = [
     "n_samples",
     "throughput_total",
     "throughput_mean",
+    "bandwidth_share",
     "tokens_per_step",
     "accepted_per_step",
     "draft_efficiency",
@@ -45,9 +46,11 @@ STEP_COLUMNS = [
     "entry",
     "method",
     "lossless",
+    "compiled",
     "n_samples",
     "tokens_per_step",
     "throughput_total",
+    "bandwidth_share",
     "speedup",
     "overhead",
     "exact_match_rate",
@@ -80,6 +83,8 @@ COST_COLUMNS = [
     "tokens_per_step",
     "verify_ms",
     "outside_forward_s",
+    "floor_ms_per_token",
+    "tpot_s",
     "ideal_speedup",
     "modelled_speedup",
     "predicted_speedup",
@@ -123,6 +128,7 @@ MILLISECONDS = (
     *(f"{name}_p{q}_s" for name in ("ttft", "tpot", "step") for q in PERCENTILES),
 )
 SHARES = (
+    "bandwidth_share",
     "outside_forward_share",
     "draft_share",
     "verify_share",
@@ -162,6 +168,8 @@ DISPLAY_NAMES = {
     "joules_per_token": "J/tok",
     **{f"{name}_p{q}_s": f"{name}_p{q}_ms" for name in ("ttft", "tpot", "step") for q in PERCENTILES},
     "verify_ms": "T(k)_ms",
+    "bandwidth_share": "bw_share",
+    "floor_ms_per_token": "floor_ms/tok",
     "ideal_speedup": "ideal",
     "modelled_speedup": "modelled",
     "predicted_speedup": "predicted",
@@ -180,15 +188,16 @@ ORDER = ["session", "entry_index", "model", "dataset", "temperature", "method", 
 """Row order of every view: bench entries in suite order, other runs by model and dataset."""
 
 
-def report_table(runs: pd.DataFrame, samples: pd.DataFrame, view: str = "runs") -> pd.DataFrame:
-    """One view's table from loaded frames (``acceptance``: one row per run and draft depth)."""
+def report_table(runs: pd.DataFrame, samples: pd.DataFrame, view: str = "runs", against: str = "same") -> pd.DataFrame:
+    """One view's table from loaded frames (``acceptance``: one row per run and draft depth), each run compared with
+    the AR run ``against`` names (``compare.AR_BASELINES``: on its own path, or eager, or compiled)."""
     if view == "acceptance":
         return acceptance_table(runs, samples)
-    if view == "crosscheck":
-        return cross_check(runs, samples)
-    if view == "crosscheck_prompts":
-        return cross_check_prompts(runs, samples)
-    report = match_ar(runs, samples).sort_values(ORDER)
+    if view in ("crosscheck", "crosscheck_prompts"):
+        checked = (cross_check if view == "crosscheck" else cross_check_prompts)(runs, samples)
+        labels = {run["run_dir"]: run_label(run) for _, run in runs.iterrows()}
+        return checked.replace({"run_dir": labels, "vllm_run_dir": labels})
+    report = match_ar(runs, samples, against).sort_values(ORDER)
     report["run"] = [run_label(run) for _, run in report.iterrows()]
     report["achieved_over_modelled"] = report["speedup"] / report.get("modelled_speedup", float("nan"))
     report["achieved_over_predicted"] = report["speedup"] / report["predicted_speedup"]
@@ -210,13 +219,16 @@ def acceptance_table(runs: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=ACCEPTANCE_COLUMNS)
 
 
-def table(paths: Iterable[PathLike], by: str | None = None, repeats: bool = False, view: str = "runs") -> pd.DataFrame:
+def table(
+    paths: Iterable[PathLike], by: str | None = None, repeats: bool = False, view: str = "runs", against: str = "same"
+) -> pd.DataFrame:
     """The report: recomputed metrics, speedup, overhead and exact-match rate vs the AR baseline.
 
     ``view`` picks the columns (``runs``: throughput and acceptance; ``steps``: the bench view of
-    where step time goes); ``repeats`` merges the repeats of each setting (see ``merge_repeats``).
+    where step time goes); ``repeats`` merges the repeats of each setting (see ``merge_repeats``); ``against``
+    the AR baseline's path (``compare.AR_BASELINES``).
     """
-    return report_table(*load(paths, by, repeats), view)
+    return report_table(*load(paths, by, repeats), view, against)
 
 
 def _for_display(frame: pd.DataFrame) -> pd.DataFrame:

@@ -1,10 +1,10 @@
 """Train the parts a plan still needs (distilled drafts, Medusa, EAGLE, EAGLE-3 and Hydra heads), and only those.
 
 A job needs a part when its method reads the model's part node (``${oc.select:model.draft,null}`` and
-the like in the method config) and that node says the part is ours to train (``PARTS``: a distilled
-draft without an explicit ``path``, heads with ``source: trained``). Only jobs that are still pending
-count: a job whose run folder holds a complete run of its configuration with at least its samples is
-done. A part whose folder holds a finished ``manifest.json`` (``specbench.manifest``) is trained
+the like in the method config) and that node says the part is ours to train (its ``source`` is the one
+``specbench.models.parts`` names for that kind, ``distilled`` or ``trained``, and it gives no ``path``). Only jobs
+that are still pending count: a job whose run folder holds a complete run of its configuration with at least its
+samples is done. A part whose folder holds a finished ``manifest.json`` (``specbench.manifest``) is trained
 already. So a fully stored plan trains nothing and loads no model; a plan with pending Medusa jobs
 trains the Medusa heads once (``python -m specbench.train medusa model=<model>``) before it runs. The same test
 spares the plan a child process for each experiment whose runs are all done (``complete_experiments``).
@@ -21,25 +21,14 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from specbench.manifest import read_manifest
-from specbench.models import eagle3_heads, eagle_heads, hydra_heads, medusa_heads
-from specbench.paths import distilled_draft_dir
+from specbench.models.parts import PART_KINDS, PartKind, part_kind
 from specbench.reproduce.coverage import Job, job_config
 from specbench.reproduce.plan import run_child
-
-PARTS = {
-    "draft": ("distilled", distilled_draft_dir),
-    "medusa": ("trained", medusa_heads.trained_dir),
-    "eagle": ("trained", eagle_heads.trained_dir),
-    "eagle3": ("trained", eagle3_heads.trained_dir),
-    "hydra": ("trained", hydra_heads.trained_dir),
-}
-"""Model node (= the ``python -m specbench.train`` subcommand) -> (the ``source`` that means "trained here", where
-the trainer writes the part of a model)."""
 
 
 @dataclass(frozen=True, order=True)
 class Part:
-    """One trained part of one model: the model node (draft, medusa, eagle, eagle3, hydra) and the model config."""
+    """One trained part of one model: its kind (draft, medusa, eagle, eagle3, hydra) and the model config."""
 
     node: str
     model: str
@@ -47,12 +36,17 @@ class Part:
     @property
     def folder(self) -> Path:
         """Where ``python -m specbench.train <node> model=<model>`` writes it."""
-        return PARTS[self.node][1](self.model)
+        return part_kind(self.node).folder(self.model)
 
     @property
     def command(self) -> list[str]:
         """The command line that trains it."""
         return [sys.executable, "-m", "specbench.train", self.node, f"model={self.model}"]
+
+
+def trained_kinds() -> list[PartKind]:
+    """The part kinds a model config names by a node (the ones a job can need trained)."""
+    return [kind for kind in PART_KINDS.values() if kind.node is not None]
 
 
 def is_done(job: Job, root: Path) -> bool:
@@ -71,11 +65,11 @@ def parts_of(job: Job) -> set[Part]:
     cfg = job_config(list(job.overrides))
     method = OmegaConf.to_yaml(cfg.method)  # unresolved: the interpolations show which model nodes it reads
     parts = set()
-    for node, (source, _) in PARTS.items():
-        part = OmegaConf.select(cfg, f"model.{node}")
-        reads = re.search(rf"model\.{node}\b", method) is not None  # model.eagle is not model.eagle3
-        if reads and part is not None and part.get("source") == source and not part.get("path"):
-            parts.add(Part(node, cfg.model.name))
+    for kind in trained_kinds():
+        part = OmegaConf.select(cfg, f"model.{kind.node}")
+        reads = re.search(rf"model\.{kind.node}\b", method) is not None  # model.eagle is not model.eagle3
+        if reads and part is not None and part.get("source") == kind.built_source and not part.get("path"):
+            parts.add(Part(kind.command, cfg.model.name))
     return parts
 
 

@@ -138,9 +138,10 @@ class PromptLookupIndex(_TokenStream):
     - ``occurrence="first"`` takes the earliest one (the entry is kept), as HF and Spec-Bench do.
 
     The draft is the ``k`` tokens after the occurrence. When the occurrence is less than ``k`` tokens
-    from the end of the context, the copy continues into itself (LZ77-style overlapping copy: the
-    tokens between the occurrence and the end repeat), so a lookup that hits always yields ``k``
-    tokens.
+    from the end of the context, ``continuation="repeat"`` (default) continues the copy into itself
+    (LZ77-style overlapping copy: the tokens between the occurrence and the end repeat), so a lookup that
+    hits always yields ``k`` tokens; ``continuation="truncate"`` stops at the end of the context (fewer
+    tokens), as HF and vLLM's ``ngram`` proposer do.
 
     Compared with transformers 5.x ``PromptLookupCandidateGenerator`` (``prompt_lookup_num_tokens``):
     HF rescans the whole sequence with tensor ops every step, tries n = ``max_matching_ngram_size``
@@ -152,10 +153,14 @@ class PromptLookupIndex(_TokenStream):
     """
 
     OCCURRENCES = ("latest", "first")
+    CONTINUATIONS = ("repeat", "truncate")
 
-    def __init__(self, max_ngram_size: int, min_ngram_size: int = 1, occurrence: str = "latest"):
+    def __init__(
+        self, max_ngram_size: int, min_ngram_size: int = 1, occurrence: str = "latest", continuation: str = "repeat"
+    ):
         knob_int("max_ngram_size", max_ngram_size, knob_int("min_ngram_size", min_ngram_size, 1))
         knob_choice("occurrence", occurrence, self.OCCURRENCES)
+        self.repeat = knob_choice("continuation", continuation, self.CONTINUATIONS) == "repeat"
         self.ngram_sizes = tuple(range(max_ngram_size, min_ngram_size - 1, -1))  # lookup order
         self.keep_first = occurrence == "first"
         self.tables: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.ngram_sizes}
@@ -186,9 +191,9 @@ class PromptLookupIndex(_TokenStream):
         return []
 
     def _continuation(self, end: int, k: int) -> list[int]:
-        """The ``k`` tokens after position ``end``, repeating the span up to the context's end if short."""
+        """The ``k`` tokens after position ``end``; if the context ends first, the span repeated or cut there."""
         copied = self.history[end + 1 : end + 1 + k]  # non-empty: end < len(history) - 1
-        if len(copied) < k:
+        if len(copied) < k and self.repeat:
             copied = (copied * (k // len(copied) + 1))[:k]
         return copied
 

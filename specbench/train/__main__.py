@@ -6,15 +6,10 @@ import importlib
 import sys
 
 from specbench.cli import interrupted, user_errors
+from specbench.models.parts import PART_KINDS
 
-COMMANDS = {
-    "draft": ("specbench.train.draft", "distil a small draft model from the target (spede, opt_tree)"),
-    "medusa": ("specbench.train.medusa", "train Medusa heads on the target's self-distilled answers"),
-    "eagle": ("specbench.train.eagle", "train an EAGLE draft head on the target's self-distilled answers"),
-    "eagle3": ("specbench.train.eagle3", "train an EAGLE-3 head (training-time test) on the self-distilled answers"),
-    "hydra": ("specbench.train.hydra", "train Hydra heads (Hydra++ recipe) on the target's self-distilled answers"),
-    "vocab": ("specbench.train.vocab", "count the target's tokens in its answers (method.drafter.draft_vocab)"),
-}
+COMMANDS = {name: (kind.trainer, kind.summary) for name, kind in PART_KINDS.items()}
+"""Subcommand -> (trainer module, one-line summary), one per part kind (``specbench.models.parts``)."""
 
 
 def usage() -> str:

@@ -102,6 +102,33 @@ def head_training_checks(train) -> list[tuple[bool, str]]:
     ]
 
 
+def data_problems(cfg: DictConfig, soft_labels: bool) -> list[str]:
+    """What the trainer's ``train.*`` asks of the self-distilled data that its ``prompts.*`` cannot give, found before
+    anything loads: more held-out sequences than the prompts can yield, or (``soft_labels``: the trainer distils
+    the target's top-k laws) no top-k records."""
+    prompts, held_out = cfg.prompts, cfg.train.eval_sequences
+    caps = {
+        f"prompts.max_prompts={prompts.max_prompts}": prompts.max_prompts,
+        f"prompts.per_source_limit={prompts.per_source_limit} x {len(prompts.sources)} source(s)": (
+            None if prompts.per_source_limit is None else prompts.per_source_limit * len(prompts.sources)
+        ),
+    }
+    bounded = {name: cap for name, cap in caps.items() if cap is not None}
+    problems = []
+    if bounded and held_out >= min(bounded.values()):
+        name = min(bounded, key=lambda key: bounded[key])
+        problems.append(
+            f"train.eval_sequences={held_out} holds out every sequence: {name} gives at most {bounded[name]}; "
+            f"lower train.eval_sequences or raise the prompt cap"
+        )
+    if soft_labels and prompts.teacher_topk < 1:
+        problems.append(
+            f"this trainer distils the target's top-k next-token laws: prompts.teacher_topk must be >= 1 "
+            f"(got {prompts.teacher_topk})"
+        )
+    return problems
+
+
 def check_types(cfg: DictConfig, schema: type, what: str) -> None:
     """A ConfigError naming every setting of ``cfg`` that its schema refuses (``what``: e.g. 'draft training')."""
     problems = setting_problems(cfg, schema)

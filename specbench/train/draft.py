@@ -33,7 +33,7 @@ from specbench import environment
 from specbench.errors import ConfigError
 from specbench.files import atomic_dir, building
 from specbench.manifest import trained_with, write_manifest
-from specbench.paths import distilled_draft_dir
+from specbench.models.parts import part_kind
 from specbench.train.agreement import agreement_report, expected_speedup, latency_report
 from specbench.train.batches import Batch, answer_logits, check_soft_labels, collate
 from specbench.train.common import (
@@ -43,6 +43,7 @@ from specbench.train.common import (
     check_types,
     compose_train,
     container,
+    data_problems,
     digest,
     load_target,
     write_json,
@@ -106,6 +107,7 @@ def validate(cfg: DictConfig) -> None:
         problems.append(f"train.max_minutes must be > 0 or null (got {t.max_minutes})")
     if not t.gammas or any(g < 1 for g in t.gammas):
         problems.append(f"train.gammas must be a non-empty list of chain lengths >= 1 (got {list(t.gammas)})")
+    problems += data_problems(cfg, soft_labels=True)
     if problems:
         raise ConfigError("invalid draft training settings: " + "; ".join(problems))
     validate_prompts(cfg.prompts)
@@ -337,7 +339,7 @@ def main(overrides: list[str]) -> None:
     """Train (or find) the distilled draft of ``model`` and report its held-out agreement."""
     cfg = compose_train("draft", overrides)
     validate(cfg)
-    out_dir = Path(cfg.output_dir).expanduser() if cfg.output_dir else distilled_draft_dir(cfg.model.name)
+    out_dir = Path(cfg.output_dir).expanduser() if cfg.output_dir else part_kind("draft").folder(cfg.model.name)
     settings = settings_digest(cfg)
     if not cfg.force and trained_with(out_dir, settings):
         print(
@@ -348,7 +350,8 @@ def main(overrides: list[str]) -> None:
     began = time.perf_counter()
     with building(out_dir):
         lm = load_target(cfg)
-        data = self_distilled(lm, cfg.prompts, cfg.data_dir, progress=cfg.progress)
+        layer_plan(lm.model.config.num_hidden_layers, cfg.draft.num_layers, cfg.draft.init)  # before the data
+        data = self_distilled(lm, cfg.prompts, cfg.data_dir, cfg.progress, cfg.train.eval_sequences)
         data_s = time.perf_counter() - began
         draft, record = distil(cfg, lm, data)
         record.update(

@@ -31,13 +31,13 @@ from tqdm import tqdm
 
 from specbench.core.verify import layer_rows
 from specbench.errors import ConfigError
-from specbench.files import building
-from specbench.manifest import finished_training
-from specbench.models.eagle_heads import EagleHead, config_for_target, save_head, trained_dir
-from specbench.train.common import OptimizerSettings, TrainerSettings, check_types, head_training_checks
-from specbench.train.medusa import autocast, lr_factor, seeded, split
-from specbench.train.selfdistill import SelfDistilled, data_summary, head_training
-from specbench.train.selfdistill import validate as validate_prompts
+from specbench.models.eagle_heads import EagleHead, config_for_target, save_head
+from specbench.train.common import (
+    TrainerSettings,
+)
+from specbench.train.heads import HeadOptimizerSettings, HeadTrainer, at_least_one, run_head_trainer
+from specbench.train.medusa import autocast, lr_factor, seeded
+from specbench.train.selfdistill import SelfDistilled
 
 INITS = ("random", "last_layer")
 
@@ -63,19 +63,13 @@ class EagleHeadSettings:
 
 
 @dataclass
-class EagleTraining(OptimizerSettings):
+class EagleTraining(HeadOptimizerSettings):
     """The types of ``train.*`` of the EAGLE head."""
 
-    max_steps: int
     w_reg: float
     w_cls: float
     noise: float
-    amp_dtype: str | None
-    max_length: int
-    eval_sequences: int
     eval_depth: int
-    eval_top_k: int
-    seed: int
 
 
 @dataclass
@@ -84,28 +78,6 @@ class EagleSettings(TrainerSettings):
 
     head: EagleHeadSettings
     train: EagleTraining
-
-
-def validate(cfg) -> None:
-    """Reject impossible head / training settings (types first, then ranges) with the key and its valid range."""
-    check_types(cfg, EagleSettings, "EAGLE training")
-    head, train = cfg.head, cfg.train
-    checks = [
-        (head.num_layers >= 1, f"head.num_layers must be >= 1 (got {head.num_layers})"),
-        (head.init in INITS, f"head.init must be one of {INITS} (got {head.init!r})"),
-        (
-            train.w_reg >= 0 and train.w_cls >= 0 and train.w_reg + train.w_cls > 0,
-            f"train.w_reg and train.w_cls must be >= 0, not both 0 (got {train.w_reg}, {train.w_cls})",
-        ),
-        (train.noise >= 0, f"train.noise must be >= 0 (got {train.noise})"),
-        (train.eval_depth >= 1, f"train.eval_depth must be >= 1 (got {train.eval_depth})"),
-        (train.max_length >= 4, f"train.max_length must be >= 4 (got {train.max_length})"),
-        *head_training_checks(train),
-    ]
-    problems = [message for ok, message in checks if not ok]
-    if problems:
-        raise ConfigError("invalid EAGLE training settings: " + "; ".join(problems))
-    validate_prompts(cfg.prompts)
 
 
 @torch.no_grad()
@@ -346,6 +318,11 @@ def evaluate(head: EagleHead, lm_head, sequences: list[Sequence], depth: int, to
             hits1[k - 1] += (best[:, 0] == truth).sum().cpu()
             hitsk[k - 1] += (best == truth[:, None]).any(dim=-1).sum().cpu()
             seen[k - 1] += len(rows)
+    return depth_accuracy(hits1, hitsk, seen, top_k)
+
+
+def depth_accuracy(hits1: torch.Tensor, hitsk: torch.Tensor, seen: torch.Tensor, top_k: int) -> dict:
+    """The held-out accuracy record from per-depth counts [D]: top-1 and top-k hits over positions seen."""
     top1, topk = hits1 / seen.clamp(min=1), hitsk / seen.clamp(min=1)
     return {
         "positions": [int(n) for n in seen],
@@ -355,57 +332,65 @@ def evaluate(head: EagleHead, lm_head, sequences: list[Sequence], depth: int, to
     }
 
 
-def accuracy_table(result: dict) -> str:
-    """Per-depth top-1 / top-k accuracy as printable lines."""
-    lines = [f"depth  top-1   top-{result['top_k']}  positions"]
-    for k, (top1, topk, n) in enumerate(zip(result["top1"], result["topk"], result["positions"]), start=1):
-        lines.append(f"{k:>5}  {top1:6.3f}  {topk:6.3f}  {n}")
-    return "\n".join(lines)
+def answer_rows(sequences: list[Sequence]) -> int:
+    """Answer positions in ``sequences`` (what a head is trained on)."""
+    return sum(item.ids.numel() - item.prompt_len for item in sequences)
+
+
+class EagleTrainer(
+    HeadTrainer[list[Sequence]], command="eagle", name="EAGLE", head_key="head", schema=EagleSettings, soft_labels=True
+):
+    """The EAGLE part of the shared head-training flow: a one-layer feature-level autoregressive head."""
+
+    table_rows = "depth"
+    head: EagleHead
+
+    @classmethod
+    def range_checks(cls, head, train) -> list[tuple[bool, str]]:
+        """(holds, message) for ``head.*`` and EAGLE's own ``train.*`` keys."""
+        return [
+            (head.init in INITS, f"head.init must be one of {INITS} (got {head.init!r})"),
+            *at_least_one("head", head, ("num_layers",)),
+            (
+                train.w_reg >= 0 and train.w_cls >= 0 and train.w_reg + train.w_cls > 0,
+                f"train.w_reg and train.w_cls must be >= 0, not both 0 (got {train.w_reg}, {train.w_cls})",
+            ),
+            (train.noise >= 0, f"train.noise must be >= 0 (got {train.noise})"),
+            (train.eval_depth >= 1, f"train.eval_depth must be >= 1 (got {train.eval_depth})"),
+            (train.max_length >= 4, f"train.max_length must be >= 4 (got {train.max_length})"),
+        ]
+
+    def features(self, data: list[SelfDistilled]) -> list[Sequence]:
+        """The target's last hidden states of every sequence, with its recorded top-k laws."""
+        return extract_features(self.lm.model.base_model, data, self.cfg.train.max_length, self.cfg.progress)
+
+    def build(self, train: list[Sequence]) -> str:
+        """A fresh head, and the frozen LM head in float32 (a copy when the target runs in half precision)."""
+        model = self.lm.model
+        self.head = build_head(model, self.cfg.head, model.device)
+        lm_head = model.get_output_embeddings()
+        self.lm_head = lm_head if lm_head.weight.dtype == torch.float32 else copy.deepcopy(lm_head).float()
+        return f"an EAGLE head on {len(train)} sequences ({answer_rows(train)} answer positions)"
+
+    def fit(self, train: list[Sequence]) -> dict:
+        """AdamW on the regression + classification losses."""
+        cfg = self.cfg
+        return train_head(self.head, self.lm_head, train, cfg.train, self.lm.model.device, cfg.progress)
+
+    def evaluate(self, held_out: list[Sequence]) -> dict:
+        """Per-depth top-1 / top-k accuracy of the head's own chains on the held-out sequences."""
+        train = self.cfg.train
+        return evaluate(self.head, self.lm_head, held_out, train.eval_depth, train.eval_top_k, self.lm.model.device)
+
+    def record(self, train: list[Sequence], accuracy: dict) -> dict:
+        """The answer positions trained on."""
+        return {"train_answer_positions": answer_rows(train)}
+
+    def save(self, folder: Path, record: dict) -> None:
+        """The head in the authors' checkpoint layout, with the record."""
+        save_head(self.head, folder, self.lm.path, record)
 
 
 def main(overrides: list[str]) -> Path:
     """Train (or reuse) the EAGLE head for ``model``; print and save its per-depth held-out accuracy."""
-    started = time.monotonic()
-    job = head_training("eagle", "head", overrides, validate, trained_dir)
-    cfg, lm, data, folder = job.cfg, job.lm, job.data, job.folder
-    previous = None if cfg.force else finished_training(folder, job.digest)
-    if previous is not None:
-        print(f"[specbench] EAGLE head in {folder} is up to date (same settings; force=true retrains)")
-        print(accuracy_table(previous["accuracy"]))
-        return folder
-    with building(folder):  # one builder of this folder at a time
-        train_data, eval_data = split(data, cfg.train.eval_sequences, cfg.train.seed)
-        backbone = lm.model.base_model
-        features_start = time.monotonic()
-        train = extract_features(backbone, train_data, cfg.train.max_length, cfg.progress)
-        held_out = extract_features(backbone, eval_data, cfg.train.max_length, cfg.progress)
-        features_s = time.monotonic() - features_start
-        device = lm.model.device
-        torch.manual_seed(cfg.train.seed)
-        head = build_head(lm.model, cfg.head, device)
-        lm_head = lm.model.get_output_embeddings()  # frozen; a float32 copy when the target runs in half precision
-        lm_head = lm_head if lm_head.weight.dtype == torch.float32 else copy.deepcopy(lm_head).float()
-        answer_rows = sum(item.ids.numel() - item.prompt_len for item in train)
-        print(
-            f"[specbench] training an EAGLE head on {len(train)} sequences ({answer_rows} answer positions); "
-            f"{len(held_out)} held-out sequences"
-        )
-        result = train_head(head, lm_head, train, cfg.train, device, cfg.progress)
-        accuracy = evaluate(head, lm_head, held_out, cfg.train.eval_depth, cfg.train.eval_top_k, device)
-        print(accuracy_table(accuracy))
-        record = {
-            "digest": job.digest,
-            **job.settings,
-            "data_summary": data_summary(data),
-            "train_answer_positions": answer_rows,
-            "features_seconds": round(features_s, 1),
-            "result": result,
-            "accuracy": accuracy,
-            "total_seconds": round(time.monotonic() - started, 1),
-        }
-        save_head(head, folder, lm.path, record)
-    print(
-        f"[specbench] EAGLE head saved to {folder} ({result['steps']} steps, {result['seconds']} s of training, "
-        f"stopped by {result['stopped_by']}; {record['total_seconds']} s in all)"
-    )
-    return folder
+    return run_head_trainer(EagleTrainer, overrides)

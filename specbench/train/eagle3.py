@@ -23,7 +23,6 @@ heads' per-depth top-1). A second run with the same settings is a no-op unless `
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,17 +31,16 @@ import torch
 from transformers import AttentionInterface, DynamicCache
 from transformers.models.llama.modeling_llama import repeat_kv
 
-from specbench.errors import ConfigError
-from specbench.files import building
-from specbench.manifest import finished_training
-from specbench.models.eagle3_heads import Eagle3Head, fused_layers, save_head, trained_dir
+from specbench.models.eagle3_heads import Eagle3Head, fused_layers, save_head
 from specbench.models.eagle_heads import config_for_target
 from specbench.models.vocab import most_frequent
-from specbench.train.common import OptimizerSettings, TrainerSettings, check_types, head_training_checks
-from specbench.train.eagle import Sequence, accuracy_table, extract_features
-from specbench.train.medusa import autocast, fit, split
-from specbench.train.selfdistill import data_summary, head_training
-from specbench.train.selfdistill import validate as validate_prompts
+from specbench.train.common import (
+    TrainerSettings,
+)
+from specbench.train.eagle import Sequence, answer_rows, depth_accuracy, extract_features
+from specbench.train.heads import HeadOptimizerSettings, HeadTrainer, run_head_trainer
+from specbench.train.medusa import autocast, fit
+from specbench.train.selfdistill import SelfDistilled
 
 LM_HEAD_INITS = ("target", "random")
 
@@ -57,19 +55,13 @@ class Eagle3HeadSettings:
 
 
 @dataclass
-class Eagle3Training(OptimizerSettings):
+class Eagle3Training(HeadOptimizerSettings):
     """The types of ``train.*`` of the EAGLE-3 head."""
 
-    max_steps: int
     ttt_steps: int
     ttt_anchors: int | None
     step_decay: float
-    amp_dtype: str | None
-    max_length: int
-    eval_sequences: int
     eval_depth: int
-    eval_top_k: int
-    seed: int
 
 
 @dataclass
@@ -78,35 +70,6 @@ class Eagle3Settings(TrainerSettings):
 
     head: Eagle3HeadSettings
     train: Eagle3Training
-
-
-def validate(cfg) -> None:
-    """Reject impossible head / training settings (types first, then ranges) with the key and its valid range."""
-    check_types(cfg, Eagle3Settings, "EAGLE-3 training")
-    head, train = cfg.head, cfg.train
-    checks = [
-        (
-            head.draft_vocab_size is None or head.draft_vocab_size >= 2,
-            f"head.draft_vocab_size must be >= 2 or null (got {head.draft_vocab_size})",
-        ),
-        (
-            head.init_lm_head in LM_HEAD_INITS,
-            f"head.init_lm_head must be one of {LM_HEAD_INITS} (got {head.init_lm_head!r})",
-        ),
-        (train.ttt_steps >= 1, f"train.ttt_steps must be >= 1 (got {train.ttt_steps})"),
-        (
-            train.ttt_anchors is None or train.ttt_anchors >= 1,
-            f"train.ttt_anchors must be >= 1 or null (got {train.ttt_anchors})",
-        ),
-        (0 < train.step_decay <= 1, f"train.step_decay must be in (0, 1] (got {train.step_decay})"),
-        (train.eval_depth >= 1, f"train.eval_depth must be >= 1 (got {train.eval_depth})"),
-        (train.max_length >= 4, f"train.max_length must be >= 4 (got {train.max_length})"),
-        *head_training_checks(train),
-    ]
-    problems = [message for ok, message in checks if not ok]
-    if problems:
-        raise ConfigError("invalid EAGLE-3 training settings: " + "; ".join(problems))
-    validate_prompts(cfg.prompts)
 
 
 def draft_vocabulary(sequences: list[Sequence], size: int | None, vocab: int) -> torch.Tensor | None:
@@ -321,13 +284,7 @@ def evaluate(head: Eagle3Head, sequences: list[Sequence], depth: int, top_k: int
             hits1[k - 1] += (best[:, 0] == truth).sum()
             hitsk[k - 1] += (best == truth[:, None]).any(dim=-1).sum()
             seen[k - 1] += int(rows.sum())
-    top1, topk = hits1 / seen.clamp(min=1), hitsk / seen.clamp(min=1)
-    return {
-        "positions": [int(n) for n in seen],
-        "top_k": top_k,
-        "top1": [round(x, 4) for x in top1.tolist()],
-        "topk": [round(x, 4) for x in topk.tolist()],
-    }
+    return depth_accuracy(hits1, hitsk, seen, top_k)
 
 
 def vocabulary_coverage(sequences: list[Sequence], head: Eagle3Head) -> float:
@@ -337,53 +294,86 @@ def vocabulary_coverage(sequences: list[Sequence], head: Eagle3Head) -> float:
     return round(sum(token in inside for token in answers) / max(len(answers), 1), 4)
 
 
+class Eagle3Trainer(
+    HeadTrainer[list[Sequence]],
+    command="eagle3",
+    name="EAGLE-3",
+    head_key="head",
+    schema=Eagle3Settings,
+    soft_labels=True,
+):
+    """The EAGLE-3 part of the shared head-training flow: fused low/mid/high features, training-time test."""
+
+    table_rows = "depth"
+    head: Eagle3Head
+
+    def __init__(self, lm, cfg) -> None:
+        super().__init__(lm, cfg)
+        self.layers = fused_layers(lm.model.config.num_hidden_layers, cfg.head.layers)
+        self.vocab = lm.model.get_output_embeddings().weight.shape[0]
+
+    @classmethod
+    def range_checks(cls, head, train) -> list[tuple[bool, str]]:
+        """(holds, message) for ``head.*`` and EAGLE-3's own ``train.*`` keys."""
+        return [
+            (
+                head.draft_vocab_size is None or head.draft_vocab_size >= 2,
+                f"head.draft_vocab_size must be >= 2 or null (got {head.draft_vocab_size})",
+            ),
+            (
+                head.init_lm_head in LM_HEAD_INITS,
+                f"head.init_lm_head must be one of {LM_HEAD_INITS} (got {head.init_lm_head!r})",
+            ),
+            (train.ttt_steps >= 1, f"train.ttt_steps must be >= 1 (got {train.ttt_steps})"),
+            (
+                train.ttt_anchors is None or train.ttt_anchors >= 1,
+                f"train.ttt_anchors must be >= 1 or null (got {train.ttt_anchors})",
+            ),
+            (0 < train.step_decay <= 1, f"train.step_decay must be in (0, 1] (got {train.step_decay})"),
+            (train.eval_depth >= 1, f"train.eval_depth must be >= 1 (got {train.eval_depth})"),
+            (train.max_length >= 4, f"train.max_length must be >= 4 (got {train.max_length})"),
+        ]
+
+    def features(self, data: list[SelfDistilled]) -> list[Sequence]:
+        """The target's hidden states at the fused layers, concatenated, with its recorded top-k laws."""
+        cfg = self.cfg
+        return extract_features(self.lm.model.base_model, data, cfg.train.max_length, cfg.progress, self.layers)
+
+    def build(self, train: list[Sequence]) -> str:
+        """A fresh head over the draft vocabulary the training answers use most."""
+        head_cfg = self.cfg.head
+        draft_tokens = draft_vocabulary(train, head_cfg.draft_vocab_size, self.vocab)
+        self.head = build_head(self.lm.model, head_cfg, draft_tokens, self.lm.model.device)
+        self.coverage = vocabulary_coverage(train, self.head)
+        return (
+            f"an EAGLE-3 head (fused layers {list(self.layers)}, draft vocabulary {self.head.draft_vocab_size} of "
+            f"{self.vocab} tokens, {self.coverage:.1%} of answer tokens) on {len(train)} sequences "
+            f"({answer_rows(train)} answer positions), {self.cfg.train.ttt_steps} unroll steps"
+        )
+
+    def fit(self, train: list[Sequence]) -> dict:
+        """AdamW on the unrolled training-time-test losses."""
+        to_draft = target_to_draft(self.head, self.vocab)
+        return train_head(self.head, train, self.cfg.train, to_draft, self.lm.model.device, self.cfg.progress)
+
+    def evaluate(self, held_out: list[Sequence]) -> dict:
+        """Per-depth top-1 / top-k accuracy of the head's own chains on the held-out sequences."""
+        train = self.cfg.train
+        return evaluate(self.head, held_out, train.eval_depth, train.eval_top_k, self.lm.model.device)
+
+    def record(self, train: list[Sequence], accuracy: dict) -> dict:
+        """The fused layers, the draft vocabulary's coverage and the answer positions trained on."""
+        return {
+            "fused_layers": list(self.layers),
+            "draft_vocab_coverage": self.coverage,
+            "train_answer_positions": answer_rows(train),
+        }
+
+    def save(self, folder: Path, record: dict) -> None:
+        """The head in the authors' checkpoint layout (config.json names the fused layers), with the record."""
+        save_head(self.head, folder, self.lm.path, self.layers, record)
+
+
 def main(overrides: list[str]) -> Path:
     """Train (or reuse) the EAGLE-3 head for ``model``; print and save its per-depth held-out accuracy."""
-    started = time.monotonic()
-    job = head_training("eagle3", "head", overrides, validate, trained_dir)
-    cfg, lm, data, folder = job.cfg, job.lm, job.data, job.folder
-    previous = None if cfg.force else finished_training(folder, job.digest)
-    if previous is not None:
-        print(f"[specbench] EAGLE-3 head in {folder} is up to date (same settings; force=true retrains)")
-        print(accuracy_table(previous["accuracy"]))
-        return folder
-    layers = fused_layers(lm.model.config.num_hidden_layers, cfg.head.layers)
-    with building(folder):  # one builder of this folder at a time
-        train_data, eval_data = split(data, cfg.train.eval_sequences, cfg.train.seed)
-        backbone = lm.model.base_model
-        features_start = time.monotonic()
-        train = extract_features(backbone, train_data, cfg.train.max_length, cfg.progress, layers)
-        held_out = extract_features(backbone, eval_data, cfg.train.max_length, cfg.progress, layers)
-        features_s = time.monotonic() - features_start
-        device = lm.model.device
-        torch.manual_seed(cfg.train.seed)
-        vocab = lm.model.get_output_embeddings().weight.shape[0]
-        head = build_head(lm.model, cfg.head, draft_vocabulary(train, cfg.head.draft_vocab_size, vocab), device)
-        answer_rows = sum(item.ids.numel() - item.prompt_len for item in train)
-        coverage = vocabulary_coverage(train, head)
-        print(
-            f"[specbench] training an EAGLE-3 head (fused layers {list(layers)}, draft vocabulary "
-            f"{head.draft_vocab_size} of {vocab} tokens, {coverage:.1%} of answer tokens) on {len(train)} sequences "
-            f"({answer_rows} answer positions), {cfg.train.ttt_steps} unroll steps; {len(held_out)} held-out sequences"
-        )
-        result = train_head(head, train, cfg.train, target_to_draft(head, vocab), device, cfg.progress)
-        accuracy = evaluate(head, held_out, cfg.train.eval_depth, cfg.train.eval_top_k, device)
-        print(accuracy_table(accuracy))
-        record = {
-            "digest": job.digest,
-            **job.settings,
-            "fused_layers": list(layers),
-            "draft_vocab_coverage": coverage,
-            "data_summary": data_summary(data),
-            "train_answer_positions": answer_rows,
-            "features_seconds": round(features_s, 1),
-            "result": result,
-            "accuracy": accuracy,
-            "total_seconds": round(time.monotonic() - started, 1),
-        }
-        save_head(head, folder, lm.path, layers, record)
-    print(
-        f"[specbench] EAGLE-3 head saved to {folder} ({result['steps']} steps, {result['seconds']} s of training, "
-        f"stopped by {result['stopped_by']}; {record['total_seconds']} s in all)"
-    )
-    return folder
+    return run_head_trainer(Eagle3Trainer, overrides)

@@ -17,21 +17,19 @@ builds its sparse tree from them, as for Medusa heads.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from specbench.errors import ConfigError
-from specbench.files import building
-from specbench.manifest import finished_training
-from specbench.models.hydra_heads import ARCHS, HydraHeads, heads_for, save_hydra, trained_dir
-from specbench.train.common import OptimizerSettings, TrainerSettings, check_types, head_training_checks
-from specbench.train.eagle import Sequence, extract_features
-from specbench.train.medusa import autocast, fit, split
-from specbench.train.selfdistill import data_summary, head_training
-from specbench.train.selfdistill import validate as validate_prompts
+from specbench.models.hydra_heads import ARCHS, HydraHeads, heads_for, save_hydra
+from specbench.train.common import (
+    TrainerSettings,
+)
+from specbench.train.eagle import Sequence, answer_rows, extract_features
+from specbench.train.heads import HeadOptimizerSettings, HeadTrainer, at_least_one, run_head_trainer
+from specbench.train.medusa import autocast, fit
+from specbench.train.selfdistill import SelfDistilled
 
 
 @dataclass
@@ -44,17 +42,11 @@ class HydraHeadSettings:
 
 
 @dataclass
-class HydraTraining(OptimizerSettings):
+class HydraTraining(HeadOptimizerSettings):
     """The types of ``train.*`` of the Hydra heads."""
 
-    max_steps: int
     rows_per_head: int
     dropout: float
-    amp_dtype: str | None
-    max_length: int
-    eval_sequences: int
-    eval_top_k: int
-    seed: int
 
 
 @dataclass
@@ -63,25 +55,6 @@ class HydraSettings(TrainerSettings):
 
     heads: HydraHeadSettings
     train: HydraTraining
-
-
-def validate(cfg) -> None:
-    """Reject impossible head / training settings (types first, then ranges) with the key and its valid range."""
-    check_types(cfg, HydraSettings, "Hydra training")
-    heads, train = cfg.heads, cfg.train
-    checks = [
-        (heads.num_heads >= 1, f"heads.num_heads must be >= 1 (got {heads.num_heads})"),
-        (heads.num_layers >= 1, f"heads.num_layers must be >= 1 (got {heads.num_layers})"),
-        (heads.arch in ARCHS, f"heads.arch must be one of {list(ARCHS)} (got {heads.arch!r})"),
-        (train.rows_per_head >= 1, f"train.rows_per_head must be >= 1 (got {train.rows_per_head})"),
-        (0 <= train.dropout < 1, f"train.dropout must be in [0, 1) (got {train.dropout})"),
-        (train.max_length >= 4, f"train.max_length must be >= 4 (got {train.max_length})"),
-        *head_training_checks(train),
-    ]
-    problems = [message for ok, message in checks if not ok]
-    if problems:
-        raise ConfigError("invalid Hydra training settings: " + "; ".join(problems))
-    validate_prompts(cfg.prompts)
 
 
 def head_rows(items: list[Sequence], head: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -181,55 +154,55 @@ def evaluate(heads: HydraHeads, embed, sequences: list[Sequence], top_k: int, de
     }
 
 
-def accuracy_table(result: dict) -> str:
-    """Per-head top-1 / top-k held-out accuracy as printable lines."""
-    lines = [f"head  top-1   top-{result['top_k']}  positions"]
-    for k, (top1, topk, n) in enumerate(zip(result["top1"], result["topk"], result["positions"]), start=1):
-        lines.append(f"{k:>4}  {top1:6.3f}  {topk:6.3f}  {n}")
-    return "\n".join(lines)
+class HydraTrainer(
+    HeadTrainer[list[Sequence]], command="hydra", name="Hydra", head_key="heads", schema=HydraSettings, soft_labels=True
+):
+    """The Hydra part of the shared head-training flow: sequentially dependent heads on the frozen target."""
+
+    heads: HydraHeads
+
+    @classmethod
+    def range_checks(cls, heads, train) -> list[tuple[bool, str]]:
+        """(holds, message) for ``heads.*`` and Hydra's own ``train.*`` keys."""
+        return [
+            *at_least_one("heads", heads, ("num_heads", "num_layers")),
+            (heads.arch in ARCHS, f"heads.arch must be one of {list(ARCHS)} (got {heads.arch!r})"),
+            (train.rows_per_head >= 1, f"train.rows_per_head must be >= 1 (got {train.rows_per_head})"),
+            (0 <= train.dropout < 1, f"train.dropout must be in [0, 1) (got {train.dropout})"),
+            (train.max_length >= 4, f"train.max_length must be >= 4 (got {train.max_length})"),
+        ]
+
+    def features(self, data: list[SelfDistilled]) -> list[Sequence]:
+        """The target's last hidden states of every sequence, with its recorded top-k laws."""
+        return extract_features(self.lm.model.base_model, data, self.cfg.train.max_length, self.cfg.progress)
+
+    def build(self, train: list[Sequence]) -> str:
+        """Fresh heads of the configured architecture."""
+        heads, model = self.cfg.heads, self.lm.model
+        built = heads_for(model, heads.num_heads, heads.num_layers, heads.arch, self.cfg.train.dropout)
+        self.heads = built.to(model.device)
+        rows = answer_rows(train)
+        return f"{heads.num_heads} Hydra heads ({heads.arch}) on {len(train)} sequences ({rows} answer positions)"
+
+    def fit(self, train: list[Sequence]) -> dict:
+        """AdamW on the heads' distillation losses."""
+        model, cfg = self.lm.model, self.cfg
+        return train_heads(self.heads, model.get_input_embeddings(), train, cfg.train, model.device, cfg.progress)
+
+    def evaluate(self, held_out: list[Sequence]) -> dict:
+        """Per-head rank accuracies on the held-out sequences."""
+        model = self.lm.model
+        return evaluate(self.heads, model.get_input_embeddings(), held_out, self.cfg.train.eval_top_k, model.device)
+
+    def record(self, train: list[Sequence], accuracy: dict) -> dict:
+        """The answer positions trained on and the rank accuracies the tree calibration reads."""
+        return {"train_answer_positions": answer_rows(train), "rank_accuracy": accuracy["rank_accuracy"]}
+
+    def save(self, folder: Path, record: dict) -> None:
+        """The heads and their record."""
+        save_hydra(self.heads, folder, self.lm.path, record)
 
 
 def main(overrides: list[str]) -> Path:
     """Train (or reuse) Hydra heads for ``model``; print and save per-head held-out accuracies."""
-    started = time.monotonic()
-    job = head_training("hydra", "heads", overrides, validate, trained_dir)
-    cfg, lm, data, folder = job.cfg, job.lm, job.data, job.folder
-    previous = None if cfg.force else finished_training(folder, job.digest)
-    if previous is not None:
-        print(f"[specbench] Hydra heads in {folder} are up to date (same settings; force=true retrains)")
-        print(accuracy_table(previous["accuracy"]))
-        return folder
-    with building(folder):  # one builder of this folder at a time
-        train_data, eval_data = split(data, cfg.train.eval_sequences, cfg.train.seed)
-        backbone = lm.model.base_model
-        train = extract_features(backbone, train_data, cfg.train.max_length, cfg.progress)
-        held_out = extract_features(backbone, eval_data, cfg.train.max_length, cfg.progress)
-        device = lm.model.device
-        torch.manual_seed(cfg.train.seed)
-        heads = heads_for(lm.model, cfg.heads.num_heads, cfg.heads.num_layers, cfg.heads.arch, cfg.train.dropout)
-        heads = heads.to(device)
-        embed = lm.model.get_input_embeddings()
-        answer_rows = sum(item.ids.numel() - item.prompt_len for item in train)
-        print(
-            f"[specbench] training {cfg.heads.num_heads} Hydra heads ({cfg.heads.arch}) on {len(train)} sequences "
-            f"({answer_rows} answer positions); {len(held_out)} held-out sequences"
-        )
-        result = train_heads(heads, embed, train, cfg.train, device, cfg.progress)
-        accuracy = evaluate(heads, embed, held_out, cfg.train.eval_top_k, device)
-        print(accuracy_table(accuracy))
-        record = {
-            "digest": job.digest,
-            **job.settings,
-            "data_summary": data_summary(data),
-            "train_answer_positions": answer_rows,
-            "result": result,
-            "accuracy": accuracy,
-            "rank_accuracy": accuracy["rank_accuracy"],
-            "total_seconds": round(time.monotonic() - started, 1),
-        }
-        save_hydra(heads, folder, lm.path, record)
-    print(
-        f"[specbench] Hydra heads saved to {folder} ({result['steps']} steps, {result['seconds']} s of training, "
-        f"stopped by {result['stopped_by']}; {record['total_seconds']} s in all)"
-    )
-    return folder
+    return run_head_trainer(HydraTrainer, overrides)

@@ -28,19 +28,14 @@ import torch
 from tqdm import tqdm
 
 from specbench.errors import ConfigError
-from specbench.files import building
-from specbench.manifest import finished_training
-from specbench.models.medusa_heads import MedusaHeads, save_heads, trained_dir
+from specbench.models.medusa_heads import MedusaHeads, save_heads
 from specbench.train.common import (
-    OptimizerSettings,
     TimeBudget,
     TrainerSettings,
     autocast_dtype,
-    check_types,
-    head_training_checks,
 )
-from specbench.train.selfdistill import SelfDistilled, data_summary, head_training
-from specbench.train.selfdistill import validate as validate_prompts
+from specbench.train.heads import HeadOptimizerSettings, HeadTrainer, at_least_one, run_head_trainer
+from specbench.train.selfdistill import SelfDistilled
 
 IGNORE = -100  # label of a (position, head) whose target lies past the sequence end
 
@@ -71,16 +66,10 @@ class MedusaHeadSettings:
 
 
 @dataclass
-class MedusaTraining(OptimizerSettings):
+class MedusaTraining(HeadOptimizerSettings):
     """The types of ``train.*`` of the Medusa heads."""
 
-    max_steps: int
     loss_decay: float
-    amp_dtype: str | None
-    max_length: int
-    eval_sequences: int
-    eval_top_k: int
-    seed: int
 
 
 @dataclass
@@ -89,23 +78,6 @@ class MedusaSettings(TrainerSettings):
 
     heads: MedusaHeadSettings
     train: MedusaTraining
-
-
-def validate(cfg) -> None:
-    """Reject impossible head / training settings (types first, then ranges) with the key and its valid range."""
-    check_types(cfg, MedusaSettings, "Medusa training")
-    heads, train = cfg.heads, cfg.train
-    checks = [
-        (heads.num_heads >= 1, f"heads.num_heads (K) must be >= 1 (got {heads.num_heads})"),
-        (heads.num_layers >= 1, f"heads.num_layers must be >= 1 (got {heads.num_layers})"),
-        (0 < train.loss_decay <= 1, f"train.loss_decay (lambda) must be in (0, 1] (got {train.loss_decay})"),
-        (train.max_length >= 3, f"train.max_length must be >= 3 (got {train.max_length})"),
-        *head_training_checks(train),
-    ]
-    problems = [message for ok, message in checks if not ok]
-    if problems:
-        raise ConfigError("invalid Medusa training settings: " + "; ".join(problems))
-    validate_prompts(cfg.prompts)
 
 
 def head_labels(ids: torch.Tensor, start: int, rows: int, num_heads: int) -> torch.Tensor:
@@ -291,61 +263,51 @@ def evaluate(heads: MedusaHeads, features: Features, top_k: int, batch_size: int
     }
 
 
-def split(data: list[SelfDistilled], eval_sequences: int, seed: int) -> tuple[list, list]:
-    """(train, held-out) sequences after a seeded shuffle; the held-out ones are never trained on."""
-    if eval_sequences >= len(data):
-        raise ConfigError(
-            f"train.eval_sequences ({eval_sequences}) must be below the number of "
-            f"self-distilled sequences ({len(data)})"
-        )
-    order = torch.randperm(len(data), generator=seeded(seed)).tolist()
-    return [data[i] for i in order[eval_sequences:]], [data[i] for i in order[:eval_sequences]]
+class MedusaTrainer(
+    HeadTrainer[Features], command="medusa", name="Medusa", head_key="heads", schema=MedusaSettings, soft_labels=False
+):
+    """The Medusa part of the shared head-training flow: K heads on the frozen target's last hidden states."""
 
+    table_column = "loss"
+    heads: MedusaHeads
 
-def accuracy_table(result: dict) -> str:
-    """Per-head top-1 / top-k accuracy and loss as printable lines."""
-    lines = [f"head  top-1   top-{result['top_k']}  loss   (held-out positions: {result['positions']})"]
-    for k, (top1, topk, loss) in enumerate(zip(result["top1"], result["topk"], result["loss"]), start=1):
-        lines.append(f"{k:>4}  {top1:6.3f}  {topk:6.3f}  {loss:5.2f}")
-    return "\n".join(lines)
+    @classmethod
+    def range_checks(cls, heads, train) -> list[tuple[bool, str]]:
+        """(holds, message) for ``heads.*`` and Medusa's own ``train.*`` keys."""
+        return [
+            *at_least_one("heads", heads, ("num_heads", "num_layers")),
+            (0 < train.loss_decay <= 1, f"train.loss_decay (lambda) must be in (0, 1] (got {train.loss_decay})"),
+            (train.max_length >= 3, f"train.max_length must be >= 3 (got {train.max_length})"),
+        ]
+
+    def features(self, data: list[SelfDistilled]) -> Features:
+        """h_t and the K labels of every answer position."""
+        cfg = self.cfg
+        return extract_features(self.lm.model.base_model, data, cfg.heads.num_heads, cfg.train.max_length, cfg.progress)
+
+    def build(self, train: Features) -> str:
+        """Fresh heads from the LM head."""
+        self.heads = build_heads(self.lm.model.get_output_embeddings(), self.cfg.heads, self.lm.model.device)
+        return f"{self.cfg.heads.num_heads} Medusa heads on {len(train)} positions"
+
+    def fit(self, train: Features) -> dict:
+        """AdamW on the lambda-weighted head losses."""
+        return train_heads(self.heads, train, self.cfg.train, self.lm.model.device, self.cfg.progress)
+
+    def evaluate(self, held_out: Features) -> dict:
+        """Per-head rank accuracies on the held-out positions."""
+        train = self.cfg.train
+        return evaluate(self.heads, held_out, train.eval_top_k, train.batch_size, self.lm.model.device)
+
+    def record(self, train: Features, accuracy: dict) -> dict:
+        """The positions trained on and the rank accuracies the sparse-tree calibration reads."""
+        return {"train_positions": len(train), "rank_accuracy": accuracy["rank_accuracy"]}
+
+    def save(self, folder: Path, record: dict) -> None:
+        """The heads in FasterDecoding's checkpoint format, with the record."""
+        save_heads(self.heads, folder, self.lm.path, record)
 
 
 def main(overrides: list[str]) -> Path:
     """Train (or reuse) Medusa heads for ``model``; print and save per-head accuracies."""
-    job = head_training("medusa", "heads", overrides, validate, trained_dir)
-    cfg, lm, data, folder = job.cfg, job.lm, job.data, job.folder
-    previous = None if cfg.force else finished_training(folder, job.digest)
-    if previous is not None:
-        print(f"[specbench] Medusa heads in {folder} are up to date (same settings; force=true retrains)")
-        print(accuracy_table(previous["accuracy"]))
-        return folder
-    with building(folder):
-        train_data, eval_data = split(data, cfg.train.eval_sequences, cfg.train.seed)
-        backbone = lm.model.base_model
-        train = extract_features(backbone, train_data, cfg.heads.num_heads, cfg.train.max_length, cfg.progress)
-        held_out = extract_features(backbone, eval_data, cfg.heads.num_heads, cfg.train.max_length, cfg.progress)
-        device = lm.model.device
-        torch.manual_seed(cfg.train.seed)
-        heads = build_heads(lm.model.get_output_embeddings(), cfg.heads, device)
-        print(
-            f"[specbench] training {cfg.heads.num_heads} Medusa heads on {len(train)} positions "
-            f"({len(train_data)} sequences); {len(held_out)} held-out positions"
-        )
-        result = train_heads(heads, train, cfg.train, device, cfg.progress)
-        accuracy = evaluate(heads, held_out, cfg.train.eval_top_k, cfg.train.batch_size, device)
-        print(accuracy_table(accuracy))
-        record = {
-            "digest": job.digest,
-            **job.settings,
-            "data_summary": data_summary(data),
-            "train_positions": len(train),
-            "result": result,
-            "accuracy": accuracy,
-            "rank_accuracy": accuracy["rank_accuracy"],
-        }
-        save_heads(heads, folder, lm.path, record)
-    print(
-        f"[specbench] Medusa heads saved to {folder} ({result['steps']} steps, {result['seconds']} s, "
-        f"stopped by {result['stopped_by']})"
-    )
-    return folder
+    return run_head_trainer(MedusaTrainer, overrides)

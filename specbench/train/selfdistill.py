@@ -19,13 +19,12 @@ import fcntl
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
 from tqdm import tqdm
 from transformers import GenerationConfig, GenerationMixin, LogitsProcessor, LogitsProcessorList
 
@@ -35,7 +34,7 @@ from specbench.errors import ConfigError
 from specbench.files import write_atomic
 from specbench.models.loading import LoadedModel
 from specbench.paths import cache_root
-from specbench.train.common import compose_train, container, digest, load_target, model_identity
+from specbench.train.common import container, digest, model_identity
 from specbench.train.sources import SOURCES, drop_evaluation_prompts, source_prompts
 
 FORMAT_VERSION = 1
@@ -301,14 +300,22 @@ def load_cache(path: Path, data_digest: str) -> list[SelfDistilled]:
     ]
 
 
-def self_distilled(lm: LoadedModel, prompts_cfg, data_dir, progress=True) -> list[SelfDistilled]:
-    """Generate (batched) or load from $SPECBENCH_CACHE/selfdistill/<model>/<digest>.jsonl; resumable."""
+def self_distilled(lm: LoadedModel, prompts_cfg, data_dir, progress=True, held_out: int = 0) -> list[SelfDistilled]:
+    """Generate (batched) or load from $SPECBENCH_CACHE/selfdistill/<model>/<digest>.jsonl; resumable. The trainer
+    holds ``held_out`` answers out (``train.eval_sequences``): prompts too few to leave any to train on are refused
+    before any answer is generated."""
     validate(prompts_cfg)
     prompts = rendered_prompts(lm.tokenizer, prompts_cfg, tagged_prompts(prompts_cfg, data_dir))
     if not prompts:
         raise ConfigError(
             "no training prompts left: the sources gave none, or every prompt is longer than "
             f"prompts.max_prompt_tokens={prompts_cfg.max_prompt_tokens}"
+        )
+    if len(prompts) <= held_out:
+        raise ConfigError(
+            f"{len(prompts)} training prompt(s) left (the sources' prompts, less the evaluation ones and those longer "
+            f"than prompts.max_prompt_tokens={prompts_cfg.max_prompt_tokens}), and train.eval_sequences={held_out} "
+            f"holds out that many: nothing to train on; add sources, raise the caps or lower train.eval_sequences"
         )
     header = header_for(lm, prompts_cfg, prompts)
     path = cache_path(lm.name, header["digest"])
@@ -334,39 +341,3 @@ def data_summary(data: list[SelfDistilled]) -> dict:
         "answer_tokens": sum(len(d.output_ids) for d in data),
         "by_source": {s: sum(d.source == s for d in data) for s in sources},
     }
-
-
-@dataclass
-class HeadTraining:
-    """What a head trainer (Medusa, EAGLE) starts from: its config, the target, the self-distilled data, the
-    output folder, and the settings that define the head with their digest."""
-
-    cfg: DictConfig
-    lm: LoadedModel
-    data: list[SelfDistilled]
-    folder: Path
-    settings: dict
-    digest: str
-
-
-def head_training(
-    command: str,
-    head_key: str,
-    overrides: list[str],
-    validate: Callable[[DictConfig], None],
-    trained_dir: Callable[[str], Path],
-) -> HeadTraining:
-    """Compose and check ``python -m specbench.train <command>``, load the target and its self-distilled data;
-    the settings digest covers the model, the data, the ``head_key`` node and every training key."""
-    cfg = compose_train(command, overrides)
-    validate(cfg)
-    lm = load_target(cfg)
-    data = self_distilled(lm, cfg.prompts, cfg.data_dir, progress=cfg.progress)
-    folder = Path(cfg.output_dir) if cfg.output_dir else trained_dir(lm.name)
-    settings = {
-        "model": model_identity(lm),
-        "data": digest([[d.prompt_ids, d.output_ids] for d in data]),
-        head_key: container(cfg[head_key]),
-        "train": container(cfg.train),
-    }
-    return HeadTraining(cfg, lm, data, folder, settings, digest(settings))

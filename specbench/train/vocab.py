@@ -12,7 +12,8 @@ from collections import Counter
 from pathlib import Path
 
 from specbench.files import write_atomic
-from specbench.models.vocab import RANKING_FILE, most_frequent, vocab_dir
+from specbench.models.parts import part_kind
+from specbench.models.vocab import RANKING_FILE, most_frequent
 from specbench.train.common import compose_train, digest, load_target, model_identity
 from specbench.train.selfdistill import data_summary, self_distilled, validate
 
@@ -47,7 +48,7 @@ def main(overrides: list[str]) -> Path:
         "coverage": coverage(counts, vocab),
         "counts": sorted(counts.items(), key=lambda item: (-item[1], item[0])),  # [[token, count], ...] by rank
     }
-    path = vocab_dir(lm.name) / RANKING_FILE
+    path = part_kind("vocab").folder(lm.name) / RANKING_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(record))
     shares = ", ".join(f"{size}: {share:.1%}" for size, share in record["coverage"].items())

@@ -118,6 +118,14 @@ def test_cost_of_an_ar_job_is_tokens_times_the_papers_time_per_token():
     assert model_size("llama2_13b_chat") == 13 and model_size("smollm2_135m") is None
 
 
+def test_cost_counts_only_the_categories_a_job_keeps():
+    """Medusa's tree-size ablation asks MT-Bench's writing and roleplay questions: 20 of 80, two turns each."""
+    jobs = [job_of("r4_tree_sparse", overrides) for overrides in sweep_jobs("paper", "r4_tree_sparse")]
+    per_job = estimate(jobs, LatencyModel("a100"))
+    assert {job.categories for job in jobs} == {("writing", "roleplay")}
+    assert (per_job["samples"] == 20 * 2).all()
+
+
 def test_a_measured_profile_of_the_named_gpu_replaces_the_assumption(tmp_path):
     rows = [
         {

@@ -1,13 +1,13 @@
 """What a reproduction plan costs before it runs: jobs, samples, generated tokens, forwards and GPU-hours.
 
 Per job: samples = the job's ``limit``, else its dataset's subsample (``sample_size``), else the whole
-evaluated split (``SPLIT_SIZES``); generated tokens = samples x turns x ``max_new_tokens``, an UPPER
-BOUND (every turn runs to its budget; answers that stop at EOS cost less), plus the runner's untimed
-warm-up generations. Forwards = tokens / tokens per step, where a method's tokens per step is the mean
-of its papers' published ``tokens_per_step`` values, else of their ``speedup`` x the verify overhead,
-else 1 (as AR). GPU-hours = forwards x the AR time per token of the job's model size x (the verify
-overhead for a speculative step) x the GPUs a job of that size holds. Draft-model forwards and prefill
-are left out.
+evaluated split (``SPLIT_SIZES``; of its categories alone when ``dataset.categories`` names some); generated
+tokens = samples x turns x ``max_new_tokens``, an UPPER BOUND (every turn runs to its budget; answers that stop at
+EOS cost less), plus the runner's untimed warm-up generations. Forwards = tokens / tokens per step, where a method's
+tokens per step is the mean of its papers' published ``tokens_per_step`` values, else of their ``speedup`` x the
+verify overhead, else 1 (as AR). GPU-hours = forwards x the AR time per token of the job's model size x (the verify
+overhead for a speculative step) x the GPUs a job of that size holds. Draft-model forwards and prefill are left
+out.
 
 The time per token comes from a latency profile measured on the named GPU when one is stored under
 ``<results_root>/profile/<model>/latency_*.csv`` (``python -m specbench.profile``; its device name must
@@ -46,6 +46,9 @@ SPLIT_SIZES = {  # evaluated samples of a dataset config when neither limit nor 
 }
 """Test splits: MT-Bench 80 two-turn questions, HumanEval 164, GSM8K 1,319, Dolly's test 1,000 (Lookahead's
 split), MBPP's test 500 (task ids 11-510), CNN/DM 11,490 and XSum 11,334 test articles, Spec-Bench 480."""
+CATEGORY_SIZES = {"mt_bench": 10}
+"""Samples per category of the datasets a job may cut to some categories (``dataset.categories``): MT-Bench's 8
+categories hold 10 questions each."""
 VERIFY_PASS_TOKENS = 64  # tokens per verify forward read from a measured profile for the overhead (Medusa's tree)
 COLUMNS = ["experiment", "jobs", "samples", "generated_tokens", "forwards", "gpu_hours"]
 
@@ -152,8 +155,10 @@ def method_tokens_per_step(values: pd.DataFrame, overhead: float) -> dict[str, f
 
 
 def job_samples(job: pd.Series) -> tuple[int, int]:
-    """(samples, turns per sample) of one job at its scale."""
+    """(samples, turns per sample) of one job at its scale, cut to its categories when it names some."""
     split, turns = SPLIT_SIZES.get(job["dataset"], (0, 1))
+    if job["categories"] and job["dataset"] in CATEGORY_SIZES:
+        split = min(split, len(job["categories"]) * CATEGORY_SIZES[job["dataset"]])
     available = int(job["sample_size"]) if pd.notna(job["sample_size"]) else split
     samples = min(int(job["limit"]), available) if pd.notna(job["limit"]) else available
     return samples, turns

@@ -23,7 +23,7 @@ import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from specbench.config import CONF_DIR, compose_config, suffix
+from specbench.config import CONF_DIR, compiled_suffix, compose_config, suffix
 from specbench.reproduce.plan import Plan, experiment_jobs
 from specbench.reproduce.results import default_knobs, flatten, setting_text
 from specbench.reproduce.tables import CATEGORY_KEY, MEASURED_METRICS, draft_measured, parse_setting
@@ -55,6 +55,7 @@ class Job:
     changes_target: str | None  # the model a fine-tuned checkpoint (Medusa-2) changes, if any
     folder: str  # the run folder under results_root (experiment/model/dataset/T<T>-n<tokens>/<swept overrides>)
     digest: str  # the run's configuration digest (as the runner computes it, on a CPU in float32)
+    categories: tuple[str, ...] = ()  # the dataset categories the job keeps (dataset.categories; empty: all)
 
 
 @cache
@@ -76,15 +77,15 @@ def job_config(job: list[str]) -> DictConfig:
 
 
 def run_folder(cfg: DictConfig, overrides: list[str]) -> str:
-    """``<experiment>/<model>/<dataset>[@<protocol>]/T<temperature>-n<max_new_tokens>/<override dirname>``, as the
-    scales' output_dir."""
+    """``<experiment>/<model>/<dataset>[@<protocol>]/T<temperature>-n<max_new_tokens>[-compiled]/<override dirname>``,
+    as the scales' output_dir."""
     excluded = set(
         OmegaConf.select(cfg, "hydra.job.config.override_dirname.exclude_keys", default=None) or _scale_exclude_keys()
     )
     parsed = OverridesParser.create().parse_overrides(overrides)
     dirname = ",".join(sorted(str(o.input_line) for o in parsed if o.key_or_group not in excluded))
     protocol = suffix("@", cfg.get("protocol"))
-    budget = f"T{cfg.temperature}-n{cfg.max_new_tokens}"
+    budget = f"T{cfg.temperature}-n{cfg.max_new_tokens}{compiled_suffix(cfg.compile, cfg.device)}"
     return f"{cfg.experiment}/{cfg.model.name}/{cfg.dataset.name}{protocol}/{budget}/{dirname}"
 
 
@@ -122,6 +123,7 @@ def job_of(experiment: str, overrides: list[str]) -> Job:
         cfg.model.get("changes_target"),
         folder,
         digest,
+        tuple(cfg.dataset.get("categories") or ()),
     )
 
 

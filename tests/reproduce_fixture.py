@@ -149,7 +149,7 @@ def turn_record(
         "draft_tokens": drafted,
         "draft_depth": [max(a - 1, min(d, 4)) if d else 0 for a, d in zip(lengths, drafted)],
         "side_branch": [False] * len(lengths),
-        "verify_tokens": [1 + d for d in drafted],  # root plus every drafted node, no aux rows
+        "verify_tokens": [1 + d + pace["aux"] for d in drafted],  # root, every drafted node, the drafting rows
         "step_s": step_s,
         "verify_s": verify_s,
         **phases,
@@ -165,6 +165,17 @@ def prompt_digest(cfg: DictConfig, sample_id: str, turn: int) -> str:
     return hashlib.sha256(f"{cfg.model.name}/{cfg.dataset.name}/{sample_id}/{turn}".encode()).hexdigest()[:16]
 
 
+def aux_rows(cfg: DictConfig) -> int:
+    """The verify rows a step spends on drafting beside the root and the drafted tokens: Self-Draft's branches and
+    LADE's window (N_b x (L - 1) and W x (N - 1), less the root)."""
+    drafter = cfg.method.get("drafter") or {}
+    if cfg.method.name == "self_draft":
+        return int(drafter.branch_num) * (int(drafter.branch_len) - 1) - 1
+    if cfg.method.name.startswith("lade"):
+        return int(drafter.window_size) * (int(drafter.ngram_size) - 1) - 1
+    return 0
+
+
 def run_records(seed: int, cfg: DictConfig, folder: Path, run_id: str, session: str | None) -> list[dict]:
     """Every record of one run: each sample's turns, later turns prompted with the earlier answers."""
     rng = rng_for(seed, folder)
@@ -173,6 +184,7 @@ def run_records(seed: int, cfg: DictConfig, folder: Path, run_id: str, session: 
         "tokens_per_step": 1.0 if ar else float(rng.uniform(1.5, 3.0)),
         "overhead": float(rng.uniform(0.98, 1.02)) if ar else float(rng.uniform(1.05, 1.6)),
         "drafted": 0 if ar else int(rng.integers(3, 64)),
+        "aux": aux_rows(cfg),
     }
     records = []
     for sample in sample_keys(cfg.dataset.name, cfg.limit, list(cfg.dataset.get("categories") or [])):

@@ -8,13 +8,17 @@ is <= threshold or the depth limit is reached; the tree verified is the top-n no
 always contains the root and is closed under parents (p̂ decreases along every path).
 
 The paper's fixed-tree baselines run on the same drafter: ``FixedTree`` fills a fixed shape (EAGLE-1's
-published tree, a static tree built from the draft's rank profile, a binary tree, or any list of rank paths)
-with the draft's top-k tokens per node (or, with ``sample_children``, draws without replacement recorded for the
-``speculative`` rule).
+published tree, a static tree built from the draft's rank profile, a binary tree, Sequoia's tree for an acceptance
+vector measured on calibration texts, or any list of rank paths) with the draft's top-k tokens per node (or, with
+``sample_children``, draws without replacement recorded for the ``speculative`` rule).
 """
 
 from __future__ import annotations
 
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,11 +26,16 @@ import torch
 from specbench.core.acceptance import Acceptance
 from specbench.core.drafter import DecodeContext, knob_choice, knob_int, knob_number
 from specbench.core.tree import DraftTree
-from specbench.drafters.draft_model import DraftModelDrafter
+from specbench.drafters.draft_model import DraftLM, DraftModelDrafter
+from specbench.drafters.draft_verify import CALIBRATION_SOURCES, model_identity
 from specbench.drafters.tree_fill import fill_shape
-from specbench.errors import ConfigError
+from specbench.errors import ConfigError, DataUnavailable
+from specbench.files import write_atomic
+from specbench.paths import cache_root
+from specbench.structures.sequoia_tree import checked_acceptance, expected_length, rank_hits
 from specbench.structures.tree_builders import OptTreeBuilder
-from specbench.structures.tree_shapes import PUBLISHED_TREES, fixed_shape
+from specbench.structures.tree_shapes import PUBLISHED_TREES, TreeShape, fixed_shape
+from specbench.train.common import digest
 
 
 class LayeredTreeDrafter(DraftModelDrafter):
@@ -112,16 +121,20 @@ class OptTree(LayeredTreeDrafter):
         }
 
 
-SHAPES = ("static", *PUBLISHED_TREES, "binary", "paths")
+SHAPES = ("static", *PUBLISHED_TREES, "binary", "paths", "sequoia")
 
 
 class FixedTree(LayeredTreeDrafter):
-    """A fixed tree shape filled by the draft model each step (OPT-Tree's Binary / static-tree baselines).
+    """A fixed tree shape filled by the draft model each step (OPT-Tree's Binary / static-tree / Sequoia baselines).
 
     The rank-r child of a node is the draft's r-th most likely token after it (T=0, or always unless
     ``sample_children``); with ``sample_children`` at T>0 the children are ordered draws without
     replacement from the warped q, recorded in ``draft_probs`` for the ``speculative`` rule. One
     draft forward per depth feeds the nodes of that depth that have children.
+
+    ``shape="sequoia"``: Sequoia's tree of ``nodes`` nodes at most ``max_depth`` deep (None: any depth) for the
+    acceptance vector p (``acceptance_vector``), or, when that is None, for p measured once by ``calibration``
+    (``AcceptanceCalibration``: the target and the draft teacher-forced over calibration texts), cached.
     """
 
     def __init__(
@@ -132,16 +145,36 @@ class FixedTree(LayeredTreeDrafter):
         rank_hits=None,
         max_depth: int | None = 5,
         sample_children: bool = False,
+        acceptance_vector=None,
+        calibration=None,
         **draft_settings,
     ):
-        self.shape = fixed_shape(knob_choice("shape", shape, SHAPES), nodes, paths, rank_hits, max_depth)
+        shape = knob_choice("shape", shape, SHAPES)
+        self.calibration = (
+            AcceptanceCalibration.from_node(calibration) if shape == "sequoia" and acceptance_vector is None else None
+        )
+        self.acceptance = None if acceptance_vector is None else checked_acceptance(acceptance_vector)
+        self.calibration_record: dict | None = None  # where a measured acceptance vector came from
+        self.shape_settings = (shape, nodes, paths, rank_hits, max_depth)
+        if self.calibration is None:
+            self.shape: TreeShape | None = fixed_shape(*self.shape_settings, acceptance=self.acceptance)
+        else:  # the tree waits for the measured p (setup); its knobs are checked now
+            knob_int("nodes", nodes, 1, "n")
+            if max_depth is not None:
+                knob_int("max_depth", max_depth, 1)
+            self.shape = None
         super().__init__(**draft_settings)
         self.sample_drafts = bool(sample_children) and not self.sampling.greedy
 
     def setup(self, target, tokenizer) -> None:
-        """Load the draft; refuse shapes that want more children per node than the vocabulary has."""
+        """Load the draft (measure p and build Sequoia's tree when calibrating); refuse shapes that want more
+        children per node than the vocabulary has."""
         super().setup(target, tokenizer)
         assert self.lm is not None  # loaded by super().setup
+        if self.calibration is not None:
+            self.acceptance, self.calibration_record = self.calibrated_acceptance(target, tokenizer, self.calibration)
+            self.shape = fixed_shape(*self.shape_settings, acceptance=self.acceptance)
+        assert self.shape is not None  # built in __init__ or above
         widest = max(len(kids) for kids in self.shape.children())
         if widest > self.lm.target_vocab:
             raise ConfigError(
@@ -151,7 +184,7 @@ class FixedTree(LayeredTreeDrafter):
 
     def draft_tree(self, ctx: DecodeContext) -> DraftTree:
         """Fill the shape (pruned to the budget) depth by depth, one draft forward per depth with children."""
-        assert self.lm is not None  # loaded by setup
+        assert self.lm is not None and self.shape is not None  # loaded / built by setup
         lm = self.lm
         shape = self.shape.pruned(ctx.remaining - 1)
         self.node_rows = [-1] * len(shape)
@@ -167,3 +200,161 @@ class FixedTree(LayeredTreeDrafter):
 
         sampling = self.sampling if self.sample_drafts else None
         return fill_shape(shape, ctx.root, lm.sync(ctx.tokens), feed, sampling, ctx.generator)
+
+    # -- Sequoia's acceptance vector ----------------------------------------------------------------------
+
+    def calibrated_acceptance(self, target, tokenizer, settings: AcceptanceCalibration) -> tuple[list[float], dict]:
+        """The acceptance vector measured for this target, draft and calibration (cached; measured once)."""
+        assert self.lm is not None  # loaded by setup
+        key = {
+            "target": {**model_identity(target), "weights": weights_fingerprint(target)},
+            "draft": {
+                **model_identity(self.lm.model),
+                "weights": weights_fingerprint(self.lm.model),
+                "part": self.draft_part,
+                "draft_vocab": self.draft_vocab,
+            },
+            "device": target.device.type,
+            "calibration": settings.identity(),
+        }
+        path = cache_root() / "sequoia" / f"{self.target_name}-{digest(key)}.json"
+        if path.is_file():
+            record = json.loads(path.read_text(encoding="utf-8"))
+        else:
+            token_lists = calibration_token_ids(settings, tokenizer)
+            hits, positions = measure_rank_hits(target, self.lm, token_lists, settings.top_k)
+            record = {
+                "key": key,
+                "acceptance_vector": [h / positions for h in hits],
+                "rank_hits": hits,
+                "positions": positions,
+                "texts": len(token_lists),
+                "texts_digest": digest(token_lists),
+            }
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, json.dumps(record, indent=1) + "\n")
+        info = {"file": str(path), "texts": record["texts"], "positions": record["positions"]}
+        return checked_acceptance(record["acceptance_vector"]), info
+
+    def artefacts(self) -> list[str]:
+        """Base artefacts plus, for a measured acceptance vector, its digest (other calibrations: other settings)."""
+        measured = [f"sequoia:{digest(self.acceptance)}"] if self.calibration is not None and self.acceptance else []
+        return [*super().artefacts(), *measured]
+
+    def stats(self) -> dict:
+        """Base stats; Sequoia's trees add p and E, the expected accepted drafted tokens per step p predicts."""
+        stats = super().stats()
+        if self.shape_settings[0] == "sequoia" and self.acceptance is not None and self.shape is not None:
+            paths = self.shape.rank_paths()
+            stats.update(
+                acceptance_vector=[round(a, 4) for a in self.acceptance],
+                tree_expected_accept=round(expected_length(paths, self.acceptance), 4),
+                acceptance_calibration=self.calibration_record,
+            )
+        return stats
+
+
+CALIBRATION_KEYS = ("dataset", "limit", "max_length", "top_k", "data_dir")
+"""The keys of ``method.drafter.calibration``."""
+C4_FILE = "c4_validation.jsonl"
+"""A local copy of C4 (``text`` per record, in the Hub's order) that ``calibration.dataset=c4`` reads from data_dir."""
+C4_HUB = ("allenai/c4", "en", "validation")
+"""C4 on the Hub (id, config, split): the English validation split, read as a stream up to ``limit`` documents."""
+
+
+@dataclass(frozen=True)
+class AcceptanceCalibration:
+    """Where Sequoia's acceptance vector is measured (``method.drafter.calibration``)."""
+
+    dataset: str  # c4 (the paper: 200 C4 samples) | mbpp_train | dolly_dev (offline, outside every evaluation split)
+    limit: int  # calibration texts, the first ones of the source
+    max_length: int  # tokens per text (longer texts are cut)
+    top_k: int  # k: ranks counted, the length of p
+    data_dir: str | None  # local copies of the source
+
+    @classmethod
+    def from_node(cls, node) -> AcceptanceCalibration:
+        """Checked settings from the config node (a mapping with exactly ``CALIBRATION_KEYS``)."""
+        given = dict(node or {})
+        if set(given) != set(CALIBRATION_KEYS):
+            raise ConfigError(
+                f"method.drafter.calibration must have the keys {list(CALIBRATION_KEYS)} (or give "
+                f"method.drafter.acceptance_vector); got {sorted(given)}"
+            )
+        sources = ["c4", *CALIBRATION_SOURCES]
+        return cls(
+            dataset=knob_choice("calibration.dataset", given["dataset"], sources),
+            limit=knob_int("calibration.limit", given["limit"], 1),
+            max_length=knob_int("calibration.max_length", given["max_length"], 2),
+            top_k=knob_int("calibration.top_k", given["top_k"], 1, "k"),
+            data_dir=given["data_dir"],
+        )
+
+    def identity(self) -> dict:
+        """What decides the measured vector (not where the texts were read from)."""
+        return {k: v for k, v in vars(self).items() if k != "data_dir"}
+
+
+def calibration_texts(settings: AcceptanceCalibration) -> list[str]:
+    """The first ``limit`` texts of the calibration source."""
+    if settings.dataset == "c4":
+        return c4_texts(settings.limit, settings.data_dir)
+    return CALIBRATION_SOURCES[settings.dataset](None, settings.data_dir)[: settings.limit]
+
+
+def c4_texts(limit: int, data_dir: str | None) -> list[str]:
+    """The first ``limit`` documents of C4's English validation split: ``data_dir/c4_validation.jsonl`` when it is
+    there, else a stream from the Hub (only those documents are read)."""
+    from specbench.data.base import read_jsonl
+    from specbench.hub import hub_reachable
+
+    local = Path(data_dir).expanduser() / C4_FILE if data_dir else None
+    if local is not None and local.is_file():
+        return [record["text"] for record in read_jsonl(local, required=[["text"]])[:limit]]
+    if not hub_reachable():
+        raise DataUnavailable(
+            f"method.drafter.calibration.dataset=c4 reads C4 from the Hugging Face Hub ({C4_HUB[0]}, {C4_HUB[1]}, "
+            f"{C4_HUB[2]}) or from {C4_FILE} in data_dir, and neither is at hand; measure on an offline source "
+            f"(method.drafter.calibration.dataset={'|'.join(CALIBRATION_SOURCES)}) or give "
+            f"method.drafter.acceptance_vector=[...]"
+        )
+    import datasets
+
+    hub_id, config, split = C4_HUB
+    stream = datasets.load_dataset(hub_id, config, split=split, streaming=True)
+    return [record["text"] for record in itertools.islice(stream, limit)]
+
+
+def calibration_token_ids(settings: AcceptanceCalibration, tokenizer) -> list[list[int]]:
+    """The calibration texts as target token ids (special tokens as the tokenizer adds them), cut to ``max_length``;
+    texts of fewer than two tokens are left out."""
+    if tokenizer is None:
+        raise ConfigError(
+            "measuring the acceptance vector needs the model's tokenizer; give method.drafter.acceptance_vector"
+        )
+    ids = [list(tokenizer(text).input_ids)[: settings.max_length] for text in calibration_texts(settings)]
+    ids = [seq for seq in ids if len(seq) >= 2]
+    if not ids:
+        raise ConfigError(f"method.drafter.calibration.dataset={settings.dataset}: no calibration text to measure on")
+    return ids
+
+
+@torch.no_grad()
+def measure_rank_hits(target, lm: DraftLM, token_lists: list[list[int]], top_k: int) -> tuple[list[int], int]:
+    """Teacher-forced over each token list, greedy: at how many positions the target's next token is the draft's
+    rank-r token (r < top_k), and the number of positions (every token of every list)."""
+    hits = torch.zeros(top_k, dtype=torch.long)
+    positions = 0
+    for ids in token_lists:
+        greedy = target(input_ids=torch.tensor([ids], device=target.device), use_cache=False).logits[0].argmax(-1)
+        # NOTE: the drafter's own forward (target vocabulary, reduced head, unknown ids), not its KV cache
+        draft_ids = torch.tensor([lm._draft_ids(ids)], device=lm.model.device)
+        hits += rank_hits(greedy, lm._forward(last_only=False, input_ids=draft_ids), top_k)
+        positions += len(ids)
+    return hits.tolist(), positions
+
+
+def weights_fingerprint(model) -> str:
+    """A digest of a few input-embedding weights: tells apart models that share a path and a config (random seeds)."""
+    row = model.get_input_embeddings().weight[1, :16]
+    return digest([round(float(v), 6) for v in row.float().tolist()])

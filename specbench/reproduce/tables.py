@@ -6,10 +6,12 @@ defaults (``setting``) and the temperature; the measured value comes from the ru
 them (at a stand-in scale the plan's stand-in model replaces every paper model, so one measurement
 stands in for several paper rows: it is shown once, beside the paper's values of the rows it stands
 in for). Repeats give mean and std; speedups come from pairing each run with its AR run
-(``report.compare.match_ar``) and carry the report's bootstrap interval. Numbers of different hardware and
-models are never subtracted: a table ranks the methods of one dataset and metric on each side (paper
-rank beside measured rank), puts tokens per step side by side, and shows a published sweep relative to
-its default setting. Each table names the commits that measured its runs and warns on a mix.
+(``report.compare.match_ar``) and carry the report's bootstrap interval; a metric no run stores (ANPD's
+theoretical speedup α·K + 1) is computed once, here, from the matched runs' measured columns and knobs
+(``DERIVED_METRICS``). Numbers of different hardware and models are never subtracted: a table ranks the
+methods of one dataset and metric on each side (paper rank beside measured rank), puts tokens per step
+side by side, and shows a published sweep relative to its default setting. Each table names the commits
+that measured its runs and warns on a mix.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from omegaconf import OmegaConf
 
 from specbench.config import find_config
 from specbench.report.compare import commit_text, provenance_warning
-from specbench.reproduce.results import Results, format_value, setting_text, stamp
+from specbench.reproduce.results import Results, format_value, knob, setting_text, stamp
 
 PAPER_COLUMNS = [
     "paper",
@@ -54,7 +56,9 @@ MEASURED_METRICS = {
     "overhead": "overhead",
     "peak_memory_gib": "peak_memory_gib",
     "draft_hit_ratio": "draft_efficiency",
+    "theoretical_speedup": "theoretical_speedup",  # derived from draft_efficiency and K: DERIVED_METRICS
 }
+"""Paper metric -> the runs' column that measures it (a derived metric's column is computed by ``with_derived``)."""
 PAIRED = ("speedup", "overhead")
 """Metrics measured against the AR run of the same setting (its commit counts too)."""
 LOWER_IS_BETTER = ("overhead", "peak_memory_gib", "latency_s")
@@ -75,7 +79,8 @@ DRAFTS_MEASURED = ("", "L-68M")
 DEFAULT_DRAFT_LABEL = "L-68M"
 """The paper's name of a model config's draft when the config does not say (``draft.paper_label``): most model
 configs run LLaMA-68M; vicuna_33b runs Vicuna-7B (V-7B) and llama2_70b(_chat) LLaMA-2-7B(-chat) (L-7B), as OPT-Tree did.
-Rows with L-1B drafts are never measured (no such model); rows with EAGLE drafts are measured by the methods
+Rows with L-1B drafts are measured by llama2_{7b,13b}_chat_tinyllama, whose draft (TinyLlama-1.1B-Chat-v1.0) is a
+labelled substitute for the unpublished LLaMA-2-1B; rows with EAGLE drafts are measured by the methods
 whose config names that draft (``paper_draft``: eagle, eagle2, opt_tree_eagle)."""
 GROUP_KEYS = [
     "paper",
@@ -284,11 +289,38 @@ def refusals(metric: str, runs: pd.DataFrame) -> str:
     return "; ".join(sorted(set(runs["pairing"].dropna()) - {""}))
 
 
+ANPD_K = "drafter.draft_len"
+"""ANPD's K, the drafted tokens per step (the method knob its theoretical speedup multiplies the hit ratio by)."""
+
+
+def theoretical_speedup(runs: pd.DataFrame) -> pd.Series:
+    """ANPD's theoretical speedup α·K + 1 of each run (its Fig 6 case study's "theoretical upper bound"): the run's
+    measured draft hit ratio α (``draft_efficiency``, accepted over drafted tokens: the column the ``draft_hit_ratio``
+    rows read) times its K (``drafter.draft_len``, its default when the run left it), plus the target's own token of
+    each step; NaN for a run without K (a method other than ANPD) or without drafts."""
+    k = pd.to_numeric(knob(runs, ANPD_K), errors="coerce")
+    return runs["draft_efficiency"] * k + 1
+
+
+DERIVED_METRICS = {"theoretical_speedup": theoretical_speedup}
+"""Metrics no run stores, computed here and only here from each run's measured columns and knobs: metric -> the
+function of the runs that gives its ``MEASURED_METRICS`` column."""
+
+
+def with_derived(metric: str, runs: pd.DataFrame) -> pd.DataFrame:
+    """``runs`` with the column of ``metric`` when it is derived (``DERIVED_METRICS``), else unchanged."""
+    derive = DERIVED_METRICS.get(metric)
+    if derive is None or not len(runs):
+        return runs
+    return runs.assign(**{MEASURED_METRICS[metric]: derive(runs)})
+
+
 def measure(row: pd.Series, runs: pd.DataFrame) -> dict:
     """Mean, std over repeats, sample count, (speedup) bootstrap interval of one row's metric, the run folders
     it rests on (``run_dirs``, AR runs included), the matched runs (``matched``, as the figures draw them) and why
     a paired metric's runs were refused (``refused``: their AR partner was timed in another session)."""
     column = MEASURED_METRICS.get(row["metric"])
+    runs = with_derived(row["metric"], runs)
     values = runs[column].dropna() if column and len(runs) else pd.Series(dtype=float)
     refused = refusals(row["metric"], runs)
     if values.empty:

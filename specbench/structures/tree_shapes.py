@@ -16,6 +16,7 @@ from specbench.core.drafter import knob_int
 from specbench.core.tree import child_lists
 from specbench.errors import ConfigError
 from specbench.structures.medusa_tree import sparse_paths
+from specbench.structures.sequoia_tree import sequoia_paths
 
 
 def static_paths(rank_hits: Sequence[float] | None, nodes: int | None, max_depth: int | None) -> list[tuple[int, ...]]:
@@ -82,14 +83,28 @@ PUBLISHED_TREES = {"eagle1": EAGLE1_TREE}
 
 
 def fixed_shape(
-    shape: str, nodes: int | None, paths, rank_hits: Sequence[float] | None = None, max_depth: int | None = None
+    shape: str,
+    nodes: int | None,
+    paths,
+    rank_hits: Sequence[float] | None = None,
+    max_depth: int | None = None,
+    acceptance: Sequence[float] | None = None,
 ) -> TreeShape:
     """The fixed tree a drafter's ``shape`` knob names: ``static`` (from the rank profile ``rank_hits``), a
     published tree (its first ``nodes`` nodes, all when None), ``binary`` (the first ``nodes`` nodes of the
-    complete binary tree) or ``paths`` (the rank paths given)."""
+    complete binary tree), ``sequoia`` (Sequoia's ``nodes``-node tree for the acceptance vector ``acceptance``, at
+    most ``max_depth`` deep when that is set: ``specbench.structures.sequoia_tree``) or ``paths`` (the rank paths
+    given)."""
     for key, value, symbol in (("nodes", nodes, "n"), ("max_depth", max_depth, None)):
         if value is not None:  # checked whatever the shape is: a bad value never waits unseen
             knob_int(key, value, 1, symbol)
+    if shape == "sequoia":
+        if acceptance is None:
+            raise ConfigError(
+                "a Sequoia tree needs the acceptance vector p: set method.drafter.acceptance_vector=[0.5,0.1,...] "
+                "or measure it with method.drafter.calibration"
+            )
+        return TreeShape.from_paths(sequoia_paths(acceptance, knob_int("nodes", nodes, 1, "n"), max_depth))
     if shape == "static":
         return TreeShape.from_paths(static_paths(rank_hits, nodes, max_depth))
     if shape in PUBLISHED_TREES:
@@ -149,6 +164,13 @@ class TreeShape:
     def children(self) -> list[list[int]]:
         """Child lists per node, ranks ascending."""
         return child_lists(self.parents)
+
+    def rank_paths(self) -> list[tuple[int, ...]]:
+        """The drafted nodes as rank paths, in node order (the inverse of ``from_paths``)."""
+        paths: list[tuple[int, ...]] = [()]
+        for parent, rank in zip(self.parents[1:], self.ranks[1:]):
+            paths.append((*paths[parent], rank))
+        return paths[1:]
 
     def layer(self, depth: int) -> list[int]:
         """Node indices at ``depth``, in order."""

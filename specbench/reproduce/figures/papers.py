@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 
@@ -38,7 +40,7 @@ K, N = "drafter.draft_len", "drafter.max_ngram_size"
 NODES, THRESHOLD = "drafter.nodes", "drafter.threshold"
 TREE_KIND, EPSILON = "drafter.tree.kind", "acceptance_kwargs.posterior_threshold"
 DECODING_LENGTH, BRANCH_LENGTH = "drafter.decoding_length", "drafter.branch_length"
-WINDOW, NGRAM = "drafter.window_size", "drafter.ngram_size"
+WINDOW, NGRAM, GUESS_SET = "drafter.window_size", "drafter.ngram_size", "drafter.guess_set_size"
 WARMUP, CAPACITY, CAPACITY_DEFAULT = "drafter.warmup.dataset", "drafter.output_node_capacity_factor", 16
 SUBSTITUTE = {WARMUP: "dolly", BRANCH_LENGTH: 8}
 """Lookahead's Dolly substitute setting (r5_table4: the dev warm-up, L_b 8), which the public substitutes of its
@@ -58,6 +60,62 @@ PAPER_ABLATIONS = {
 }
 MEMORY_KINDS = {"process_peak_rss": "process peak RSS, CPU", "cuda_max_allocated": "CUDA allocator peak"}
 SELF_DRAFT_VARIANTS = {(True, True): "full", (True, False): "w/o corpus", (False, True): "w/o context"}
+AUX_ROWS = "additional draft tokens per step (aux rows)"
+"""Self-Draft Fig 4's x axis: the rows each verify forward runs besides the root and the drafted candidates."""
+DRAFT_EFFICIENCY_LINES = {"self_draft": "Self-Draft (w/o corpus cache)", "lade": "LADE (N = 5, G = W)"}
+OPT_TREE_DRAFTS = {"opt_tree": "OPT-Tree, draft model", "opt_tree_eagle": "OPT-Tree, EAGLE head"}
+"""OPT-Tree Fig 6's lines: the draft model config's draft (L-68M in the paper) and the model's EAGLE head."""
+NODE_BUDGET_LINES = {"opt_tree": "OPT-Tree", "sequoia_tree": "Sequoia"}
+"""OPT-Tree Fig 5's lines: OPT-Tree's adaptive trees and Sequoia's static trees, both filled by the draft model."""
+CALIBRATION_SOURCE = "drafter.calibration.dataset"
+"""Where sequoia_tree measures its acceptance vector (C4 in the paper; the smoke plan's offline substitute)."""
+
+
+def lines_of(*sweeps: pd.DataFrame) -> pd.DataFrame:
+    """The runs of several sweeps drawn in one figure (each its own line), the empty ones left out."""
+    drawn = [frame for frame in sweeps if len(frame)]
+    return pd.concat(drawn) if drawn else pd.DataFrame()
+
+
+def aux_rows_per_step(samples: pd.DataFrame) -> pd.Series:
+    """Mean aux rows per step of each run (run_dir -> rows), from the records' verify widths: the rows of each verify
+    forward besides the root and the drafted nodes (``verify_tokens - 1 - draft_tokens``: LADE's lookahead window,
+    Self-Draft's drafting branches with their random pads); records without widths (HF ``generate``) are left out."""
+    rows = [
+        (run_dir, sum(widths) - len(widths) - sum(drafted if isinstance(drafted, list) else []), len(widths))
+        for run_dir, widths, drafted in zip(samples["run_dir"], samples["verify_tokens"], samples["draft_tokens"])
+        if isinstance(widths, list)
+    ]
+    totals = pd.DataFrame(rows, columns=["run_dir", "aux", "steps"]).groupby("run_dir").sum()
+    return totals["aux"] / totals["steps"].replace(0, np.nan)
+
+
+def self_draft_fig4_draft_efficiency(ctx: Context) -> Drawn | None:
+    """Self-Draft Fig 4: throughput (TP) and DE against the additional draft tokens per step (aux rows, random pads
+    counted), Self-Draft without its corpus cache over the branch number N_b (r1_draft_efficiency's session) beside
+    LADE over its window W (r1_draft_efficiency_lade's); each point at the mean aux rows of its setting's runs. The
+    two curves are timed in two sessions: the speedup row (each run over its own session's AR) compares them free of
+    the machine's drift between the two."""
+    runs = of_sessions(ctx, "r1_draft_efficiency", "r1_draft_efficiency_lade")
+    self_draft = sweep(runs, ["self_draft"], "mt_bench", (NB,), coupled=(CORPUS_CACHE,))
+    self_draft = self_draft[np.array([not value for value in knob(self_draft, CORPUS_CACHE)], dtype=bool)]
+    lade = sweep(runs, ["lade"], "mt_bench", (WINDOW,), coupled=(GUESS_SET,))
+    runs = lines_of(self_draft, lade)
+    if runs.empty:
+        return None
+    aux = runs["run_dir"].map(aux_rows_per_step(ctx.results.samples)).astype(float)
+    runs = runs.assign(
+        method=runs["method"].map(DRAFT_EFFICIENCY_LINES),
+        **{AUX_ROWS: aux.groupby([runs["model"], runs["method"], runs["setting"]]).transform("mean")},
+    )
+    return line_figure(
+        ctx,
+        "Self-Draft Fig 4: draft efficiency, throughput (TP) and DE vs additional draft tokens per step",
+        runs,
+        AUX_ROWS,
+        {**THROUGHPUT, "tokens_per_step": "DE (tokens per step)", **SPEEDUP},
+        by=("method",),
+    )
 
 
 def self_draft_grid(ctx: Context) -> pd.DataFrame:
@@ -165,27 +223,54 @@ def opt_tree_fig4_expected_vs_accepted(ctx: Context) -> Drawn | None:
 
 
 def opt_tree_fig5_node_budget(ctx: Context) -> Drawn | None:
-    """OPT-Tree Fig 5: mean acceptance length (MAL) against the node budget n."""
+    """OPT-Tree Fig 5: mean acceptance length (MAL) against the node budget n, a panel per target model: OPT-Tree
+    (r3_node_budget's session) beside Sequoia's static trees at the same budgets (sequoia_tree, r3_node_budget_sequoia's
+    session; its acceptance vector measured on C4, or on the smoke plan's offline substitute)."""
+    opt_tree = sweep(of_sessions(ctx, "r3_node_budget"), ["opt_tree"], "mt_bench", (NODES,))
+    sequoia = sweep(
+        of_sessions(ctx, "r3_node_budget_sequoia"),
+        ["sequoia_tree"],
+        "mt_bench",
+        (NODES,),
+        coupled=(CALIBRATION_SOURCE,),
+    )
+    runs = lines_of(opt_tree, sequoia)
+    if runs.empty:
+        return None
     return line_figure(
         ctx,
-        "OPT-Tree Fig 5: mean acceptance length vs node budget n",
-        sweep(of_sessions(ctx, "r3_node_budget"), ["opt_tree"], "mt_bench", (NODES,)),
+        "OPT-Tree Fig 5: mean acceptance length vs node budget n, OPT-Tree and Sequoia",
+        runs.assign(method=runs["method"].map(NODE_BUDGET_LINES)),
         NODES,
         {"tokens_per_step": "MAL (tokens per step)"},
+        by=("method",),
+        panels="model",
         log2=True,
-        label="OPT-Tree",
     )
 
 
+def with_draft_names(paper: pd.DataFrame) -> pd.DataFrame:
+    """The paper rows with their draft in the method's name (``OPT-Tree [EAGLE]``), so that a figure drawing two
+    drafts marks and labels each draft's published numbers apart."""
+    drafts = paper["draft"].fillna("").astype(str)
+    named = paper["paper_method"].astype(str) + " [" + drafts + "]"
+    return paper.assign(paper_method=named.where(drafts != "", paper["paper_method"]))
+
+
 def opt_tree_fig6_threshold(ctx: Context) -> Drawn | None:
-    """OPT-Tree Fig 6: MAL and tokens/s against the threshold δ."""
+    """OPT-Tree Fig 6: MAL and tokens/s against the threshold δ, a line per draft: the model config's draft model
+    (method opt_tree, r3_threshold's session) and the model's EAGLE head (opt_tree_eagle, r3_threshold_eagle's); the
+    paper's numbers marked per draft."""
+    runs = sweep(
+        of_sessions(ctx, "r3_threshold", "r3_threshold_eagle"), list(OPT_TREE_DRAFTS), "mt_bench", (THRESHOLD,)
+    )
     return line_figure(
-        ctx,
-        "OPT-Tree Fig 6: MAL and throughput vs threshold δ",
-        sweep(of_sessions(ctx, "r3_threshold"), ["opt_tree"], "mt_bench", (THRESHOLD,)),
+        replace(ctx, paper=with_draft_names(ctx.paper)),
+        "OPT-Tree Fig 6: MAL and throughput vs threshold δ, draft model and EAGLE head",
+        runs.assign(method=runs["method"].map(OPT_TREE_DRAFTS)),
         THRESHOLD,
         {"tokens_per_step": "MAL (tokens per step)", **THROUGHPUT},
-        label="OPT-Tree",
+        by=("method",),
     )
 
 
@@ -478,6 +563,7 @@ def lade_window_ngram(ctx: Context) -> Drawn | None:
 
 
 FIGURES: dict[str, Builder] = {
+    "self_draft_fig4_draft_efficiency": self_draft_fig4_draft_efficiency,
     "self_draft_fig5_branch_length": self_draft_fig5_branch_length,
     "self_draft_fig6_branch_number": self_draft_fig6_branch_number,
     "self_draft_fig7_heatmap": self_draft_fig7_heatmap,

@@ -162,7 +162,7 @@ notebook: install  ## run the notebooks on the stored runs -> results/notebooks/
 reproduce-tables: install  ## run the SCALE's experiments (resuming) and build its tables and figures
 	$(PY) -m specbench.reproduce all --scale $(SCALE) $(REPRODUCE_ARGS)
 
-reproduce-run: install  ## only run the SCALE's experiments (Hydra multiruns; complete runs are skipped)
+reproduce-run: install  ## only run the SCALE's experiments (one measuring session per experiment; complete runs are skipped)
 	$(PY) -m specbench.reproduce run --scale $(SCALE) $(REPRODUCE_ARGS)
 
 reproduce-build: install  ## only rebuild the SCALE's tables and figures from the stored runs

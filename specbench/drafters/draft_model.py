@@ -137,6 +137,12 @@ class DraftLM:
             compact_cache(self.cache, length, [])
             del self.tokens[length:]
 
+    def teacher_forced(self, tokens: list[int]) -> torch.Tensor:
+        """The draft's logits after every prefix of ``tokens`` (target ids), float32 [len(tokens), target vocab], in a
+        fresh cache of their own (calibration; the decode cache is untouched)."""
+        ids = torch.tensor([self._draft_ids(tokens)], device=self.model.device)  # [1, len]
+        return self._forward(last_only=False, input_ids=ids)
+
     def _forward(self, last_only: bool, **inputs) -> torch.Tensor:
         """One cached draft forward over a batch of one; float32 logits in the target's width, [k, vocab] (or the
         last row only, [1, vocab]), from the reduced output layer when there is one."""

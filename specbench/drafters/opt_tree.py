@@ -347,9 +347,7 @@ def measure_rank_hits(target, lm: DraftLM, token_lists: list[list[int]], top_k: 
     positions = 0
     for ids in token_lists:
         greedy = target(input_ids=torch.tensor([ids], device=target.device), use_cache=False).logits[0].argmax(-1)
-        # NOTE: the drafter's own forward (target vocabulary, reduced head, unknown ids), not its KV cache
-        draft_ids = torch.tensor([lm._draft_ids(ids)], device=lm.model.device)
-        hits += rank_hits(greedy, lm._forward(last_only=False, input_ids=draft_ids), top_k)
+        hits += rank_hits(greedy, lm.teacher_forced(ids), top_k)
         positions += len(ids)
     return hits.tolist(), positions
 

@@ -307,12 +307,12 @@ def test_the_shot_is_the_shuffled_train_splits_first_record(tmp_path, monkeypatc
     monkeypatch.setattr("specbench.data.summarization.hub_reachable", lambda: True)
     monkeypatch.setattr(datasets, "load_dataset", lambda *args, split: train if split == "train" else None)
     data = load("xsum", None, "dataset.prompt_format=raw")
-    assert data.shot() == f"Article: doc {first}\nSummary: s\n" and data.shot_split == "train"
+    assert data.shot == f"Article: doc {first}\nSummary: s\n" and data.shot_split == "train"
     (tmp_path / "xsum_train_shot.jsonl").write_text('{"id": "7", "document": "local doc", "summary": "local"}\n')
-    assert load("xsum", tmp_path).shot() == "Article: local doc\nSummary: local\n"
+    assert load("xsum", tmp_path).shot == "Article: local doc\nSummary: local\n"
     monkeypatch.setattr("specbench.data.summarization.hub_reachable", lambda: False)
     with pytest.raises(DataUnavailable, match="xsum_train_shot.jsonl"):
-        load("xsum", None).shot()
+        assert not load("xsum", None).shot  # raises before
 
 
 def test_xsum_uses_the_document(shared_data, embedded):

@@ -12,8 +12,10 @@ from specbench import environment
 from specbench.config import compose_config
 from specbench.engines import check_method
 from specbench.errors import ConfigError
+from specbench.reproduce import session
 from specbench.reproduce.coverage import job_config
 from specbench.reproduce.plan import (
+    experiment_jobs,
     experiment_names,
     load_plan,
     partner_job,
@@ -53,10 +55,10 @@ def test_every_experiment_job_composes(scale, name):
 
 @pytest.mark.parametrize("name", experiment_names("paper"))
 def test_every_paper_job_builds_its_drafter(name):
-    """The paper plan's dry run: every job of the experiment (the whole sweep, not a cover) passes the run-settings
-    check and constructs its drafter (knobs validated, fixed trees laid out) without a model or weights, as the
-    runner does before anything loads; a job that cannot fails with its overrides."""
-    for job in sweep_jobs("paper", name):
+    """The paper plan's dry run: every job of the experiment's session (the whole sweep, not a cover, and its AR
+    partners) passes the run-settings check and constructs its drafter (knobs validated, fixed trees laid out) without
+    a model or weights, as the runner does before anything loads; a job that cannot fails with its overrides."""
+    for job in experiment_jobs("paper", name):
         cfg = job_config(job)
         cfg.output_dir = "run"  # the scales' output_dir resolves only inside a Hydra run
         try:
@@ -154,6 +156,26 @@ def test_rows_with_a_setting_match_only_that_setting(fixture_results):
     expected = runs[(runs["method"] == "lookahead") & (runs["setting"] == setting)]
     assert len(expected) == 1
     assert compared["measured"].iloc[0] == pytest.approx(expected["throughput_total"].iloc[0])
+
+
+@pytest.mark.slow
+def test_a_sequential_session_drops_each_jobs_engine_before_the_next(tmp_path, monkeypatch):
+    """Peak memory read one job after another starts from the loaded target alone: no earlier job's engine (drafter
+    state, caches) is alive when the next job starts."""
+    made: dict[str, Runner] = {}
+    make, phase = session.session_runners, session.run_phase
+    monkeypatch.setattr(session, "session_runners", lambda *args: made.update(make(*args)) or made)
+    alive = []
+    monkeypatch.setattr(
+        session,
+        "run_phase",
+        lambda runners, bar, index: (
+            alive.append(sum(r.engine is not None for r in made.values())) or phase(runners, bar, index)
+        ),
+    )
+    overrides = ["model=tiny_llama", "limit=1", "max_new_tokens=4", "warmup=0", f"results_root={tmp_path}"]
+    run_session("smoke", "r3_node_budget", overrides, sequential=True)
+    assert alive == [0] * len(made) and len(made) == 4
 
 
 @pytest.mark.slow

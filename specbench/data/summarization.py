@@ -20,6 +20,7 @@ Prompts (docs/methods/anpd.md#evaluation-protocol-of-the-paper):
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any
 
 from specbench.data.base import Dataset, Sample, read_jsonl
@@ -72,11 +73,12 @@ class Summarization(Dataset):
         return "prefix" if self.is_local() else "shuffle"
 
     def pool(self, records: list[dict]) -> list[int]:
-        """Every record except the 1-shot example."""
+        """Every record except the 1-shot example when it is a test record (``shot_split=test``)."""
         return [i for i, record in enumerate(records) if record["id"] != self.shot_id]
 
+    @cached_property
     def shot(self) -> str:
-        """The 1-shot example block (empty for zero-shot)."""
+        """The 1-shot example block (empty for zero-shot), read once (a train shot shuffles the whole train split)."""
         if self.shot_split is None:
             return ""
         record = self.train_shot() if self.shot_split == "train" else self.test_shot()
@@ -108,7 +110,7 @@ class Summarization(Dataset):
 
     def completion_prompt(self, sample: Sample, answers: list[str]) -> str:
         """ANPD's 1-shot completion prompt: the example, then ``Article: ...\\nSummary:``."""
-        return f"{self.shot()}Article: {sample.meta['document']}\nSummary:"
+        return f"{self.shot}Article: {sample.meta['document']}\nSummary:"
 
     def required_fields(self) -> tuple[tuple[str, ...], ...]:
         """Summarization records: id, the article and its reference summary (field names per dataset)."""

@@ -233,7 +233,7 @@ class FixedTree(LayeredTreeDrafter):
             }
             path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(path, json.dumps(record, indent=1) + "\n")
-        info = {"file": str(path), "texts": record["texts"], "positions": record["positions"]}
+        info = {"file": f"sequoia/{path.name}", "texts": record["texts"], "positions": record["positions"]}  # cached
         return checked_acceptance(record["acceptance_vector"]), info
 
     def artefacts(self) -> list[str]:

@@ -40,7 +40,7 @@ def index_text(plan: Plan, results: Results, tables: dict[str, Built], figures: 
     if refused:
         lines += [
             f"> **{refused} speedup measurement(s) refused** ({REFUSED} in their tables): their runs' AR partners were "
-            "not timed in the same measuring session. Rerun those experiments: "
+            "not timed in the same measuring session. Delete those experiments' folders and rerun them: "
             "docs/reproduction.md#rerunning-the-smoke-plan.",
             "",
         ]

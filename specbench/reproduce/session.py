@@ -22,6 +22,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
 from omegaconf import open_dict
 from tqdm import tqdm
 
@@ -61,6 +62,8 @@ def session_runners(scale: str, name: str, overrides: list[str]) -> dict[str, Ru
             "baseline": entry_label(run_folder(compose_config(*partner), partner)),
             "index": index,
         }
+        if label in runners:
+            raise ConfigError(f"experiment {name}: two jobs write the run folder {label} ({' '.join(job)})")
         runners[label] = Runner(cfg, bench=bench)
     return runners
 
@@ -75,14 +78,23 @@ def by_target(runners: dict[str, Runner]) -> list[dict[str, Runner]]:
 
 
 def by_samples(runners: dict[str, Runner], sequential: bool) -> list[dict[str, Runner]]:
-    """The phases of one target's runners: those that answer the same samples together (one phase each when
-    ``sequential``)."""
+    """The phases of one target's runners: those that answer the same samples (ids and turns: a phase hands every
+    runner the same prompts) together (one phase each when ``sequential``)."""
     if sequential:
         return [{label: runner} for label, runner in runners.items()]
-    phases: dict[tuple[str, ...], dict[str, Runner]] = {}
+    phases: dict[tuple, dict[str, Runner]] = {}
     for label, runner in runners.items():
-        phases.setdefault(tuple(sample.sample_id for sample in runner.samples), {})[label] = runner
+        phases.setdefault(tuple((sample.sample_id, *sample.turns) for sample in runner.samples), {})[label] = runner
     return list(phases.values())
+
+
+def release(runners) -> None:
+    """Drop the engines of finished runners (drafter state, caches) and return their memory, CUDA's included."""
+    for runner in runners:
+        runner.engine = None
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def run_session(scale: str, name: str, overrides: list[str], sequential: bool = False) -> None:
@@ -103,8 +115,9 @@ def run_session(scale: str, name: str, overrides: list[str], sequential: bool = 
             runner.lm = lm
         for phase in by_samples(group, sequential):
             run_phase(phase, bar, 0)
+            release(phase.values())  # the next phase's peak memory starts without this one's engines
         for runner in group.values():  # the next target gets the memory
-            runner.lm = runner.engine = None
+            runner.lm = None
         del lm
         gc.collect()
     bar.close()

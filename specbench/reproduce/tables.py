@@ -458,8 +458,10 @@ REFUSED = "—"
 def refusal_note(reason: str) -> str:
     """The note of a refused pairing: the reason, the rule and the way out."""
     return (
-        f"{REFUSED} = speedup refused: {reason}. A speedup divides only times measured in one session (one process, "
-        "one machine, one sitting); rerun the experiment (its session runs its AR partner beside the methods)"
+        f"speedups divide only times measured in one session (one process, one machine, one sitting): {reason}. A "
+        f"cell shows {REFUSED} when none of its runs' sample pairs was timed together, else the speedup over those "
+        "that were; to time every pair together, delete the experiment's folder (<results_root>/<experiment>) and "
+        "rerun it (its session runs the AR partners beside the methods)"
     )
 
 

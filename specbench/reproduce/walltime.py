@@ -39,7 +39,8 @@ def without_budget(folder: str, experiment: str | None = None) -> str:
 
 def stored_timings(root: Path) -> pd.DataFrame:
     """One row per finished stored run under ``root``: configuration, method, dataset, records, token budget,
-    seconds per record, its session ("": a run of its own process) and when it started and ended."""
+    seconds per record, the process that measured it (its measuring session; runs before sessions: the run itself)
+    and when it started and ended."""
     rows = []
     for path in sorted(Path(root).rglob("summary.json")):
         summary = json.loads(path.read_text())
@@ -55,7 +56,7 @@ def stored_timings(root: Path) -> pd.DataFrame:
                 metrics["n_records"],
                 summary["max_new_tokens"],
                 metrics["wall_s"] / metrics["n_records"],
-                (summary.get("bench") or {}).get("session") or folder,
+                (summary.get("environment") or {}).get("measuring_session") or folder,  # one process, one sitting
                 datetime.fromisoformat(summary["started_at"]),
                 datetime.fromisoformat(summary["ended_at"]),
             ]

@@ -299,7 +299,8 @@ def partner_note(runs: pd.DataFrame) -> tuple[str, list[str]]:
     sessions = (
         "each in its run's session"
         if apart.empty
-        else f"{len(apart)} of {len(paired)} pairs not timed in one session: no speedup drawn for them"
+        else f"{len(apart)} of {len(paired)} runs not timed wholly in their partner's session: their speedups count "
+        "only the sample pairs timed together (none: not drawn)"
     )
     note = f"AR partners: {len(partners)} runs, {commit_text(provenance)}, on {dates}, {sessions}"
     mine = paired["env.git_commit"].astype(str) + paired["env.git_dirty"].astype(str)

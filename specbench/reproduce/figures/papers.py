@@ -289,11 +289,12 @@ def opt_tree_fig7_temperature(ctx: Context) -> Drawn | None:
 
 
 def medusa_fig4b_categories(ctx: Context) -> Drawn | None:
-    """Medusa Fig 4b: speedup of Medusa over AR per MT-Bench category (results split by category)."""
+    """Medusa Fig 4b: speedup of Medusa over AR per MT-Bench category (results split by category), Medusa-1's heads
+    (r4_speedup's session) and the Medusa-2 checkpoints the paper's bars show (r4_medusa2's, r4_medusa2_zephyr's)."""
     return bar_figure(
         ctx,
         "Medusa Fig 4b: speedup per MT-Bench category",
-        sweep(of_sessions(ctx, "r4_speedup"), ["medusa"], "mt_bench"),
+        sweep(of_sessions(ctx, "r4_speedup", "r4_medusa2", "r4_medusa2_zephyr"), ["medusa"], "mt_bench"),
         "method",
         "speedup",
         SPEEDUP["speedup"],

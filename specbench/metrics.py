@@ -59,6 +59,7 @@ def summed_parts(records: list[dict]) -> dict[str, tuple[float, float]]:
 def aggregate(records: Iterable[dict]) -> dict:
     """Throughput (total/total and mean per sample), tokens/step, acceptance, latency per step."""
     records = list(records)
+    check_acceptance(records)
     totals = summed_parts(records)
     new, wall = totals["throughput_total"]
     step_tokens, steps = totals["tokens_per_step"]
@@ -86,6 +87,7 @@ def aggregate(records: Iterable[dict]) -> dict:
         "outside_forward_s": _ratio(outside_s, sum(r["target_forwards"] for r in timed)),
         **phase_shares(records),
         "side_branch_share": side_branch_share(records),
+        **drafting_metrics(records),
         **latency_percentiles(records),
         **energy_per_token(records),
     }
@@ -146,13 +148,17 @@ def step_traces(records: Iterable[dict]) -> list[tuple[int, int, int | None, boo
 def acceptance_by_depth(records: Iterable[dict]) -> list[dict]:
     """Per draft depth d (0 = nothing accepted): steps whose tree reached d, the share of them that accepted
     exactly d drafted tokens, the joint rate P(accepted >= d | reached d) and the conditional rate
-    P(accepted >= d | accepted >= d-1, reached d). A step of unknown depth counts as reaching every depth
-    if it drafted anything (exact for fixed-depth drafts). Empty for runs without drafts.
+    P(accepted >= d | accepted >= d-1, reached d); over every step, reached or not: ``marginal`` P(accepted >= d)
+    (``marginal_rates``: tokens per step = 1 + their sum, ``check_acceptance``) and ``share``, the histogram of
+    accepted drafted tokens per step. A step of unknown depth counts as reaching every depth if it drafted anything
+    (exact for fixed-depth drafts). Empty for runs without drafts.
     """
+    records = list(records)
     steps = [(accepted, reach(drafted, depth)) for accepted, drafted, depth, _ in step_traces(records)]
     if not any(depth for _, depth in steps):
         return []
     deepest = int(max([accepted for accepted, _ in steps] + [depth for _, depth in steps if depth != np.inf]))
+    marginal: list[float] = [*marginal_rates(records).tolist(), *[0.0] * (deepest + 1)]  # 0 beyond the most accepted
     rows = []
     for d in range(deepest + 1):
         reached = [accepted for accepted, depth in steps if depth >= d]
@@ -165,9 +171,96 @@ def acceptance_by_depth(records: Iterable[dict]) -> list[dict]:
                 "exactly": _ratio(sum(accepted == d for accepted in reached), len(reached)),
                 "joint": _ratio(survived, len(reached)) if d else None,
                 "conditional": _ratio(survived, before) if d else None,
+                "marginal": marginal[d - 1] if d else None,
+                "share": _ratio(sum(accepted == d for accepted, _ in steps), len(steps)),
             }
         )
     return rows
+
+
+ACCEPTANCE_TOLERANCE = 1e-9
+"""How far tokens per step may sit from 1 + the sum of the marginal rates (float rounding only)."""
+
+
+def marginal_rates(records: Iterable[dict]) -> np.ndarray:
+    """P(accepted >= d) over every traced step, for d = 1 .. the most accepted drafted tokens (the histogram of
+    accepted drafted tokens per step, summed from the top): tokens per step = 1 + their sum."""
+    accepted = [n - 1 for r in records for n in r.get("accept_lengths") or []]
+    if not accepted:
+        return np.zeros(0)
+    counts = np.bincount(accepted)  # steps that accepted exactly d drafted tokens
+    return (counts[::-1].cumsum()[::-1] / len(accepted))[1:]
+
+
+def check_acceptance(records: list[dict]) -> None:
+    """Refuse records whose tokens per step (their tokens after the prefill over their target forwards) is not 1 + the
+    sum of the marginal acceptance rates of their traced steps (``marginal_rates``): the per-step trace then
+    disagrees with what the run emitted, a bug of the drafter or of its record (ValueError naming both numbers)."""
+    traced = [r for r in records if r.get("accept_lengths") is not None]
+    tokens, steps = summed_parts(traced)["tokens_per_step"]
+    if not steps:
+        return
+    per_step, from_rates = tokens / steps, 1 + float(marginal_rates(traced).sum())
+    if abs(per_step - from_rates) > ACCEPTANCE_TOLERANCE * max(1.0, per_step):
+        raise ValueError(
+            f"tokens per step {per_step:.6f} (new tokens after the prefill over target forwards) is not 1 + the sum "
+            f"of the marginal acceptance rates ({from_rates:.6f}) of the same records: their accept_lengths do not "
+            "describe what they emitted (a drafter or record bug)"
+        )
+
+
+REQUEST_PERCENTILES = (10, 50, 90)
+"""The percentiles of the per-request acceptance length each run reports (``acceptance_length_request_p<q>``)."""
+DRAFTING_METRICS = (
+    "acceptance_length",
+    "acceptance_length_per_request",
+    *(f"acceptance_length_request_p{q}" for q in REQUEST_PERCENTILES),
+    "drafting_share",
+    "oracle_tokens_per_step",
+    "oracle_share",
+    "draft_length_bound",
+)
+
+
+def drafting_metrics(records: list[dict]) -> dict:
+    """Acceptance per drafting step and per request, and how far from perfect drafting (docs/metrics.md), over the
+    traced records (None where nothing was traced or drafted):
+
+    - ``acceptance_length``: tokens per step over the steps that drafted (vLLM's mean acceptance length);
+    - ``acceptance_length_per_request``: the mean over requests of each request's tokens per step, and the
+      distribution's ``acceptance_length_request_p<q>`` (``REQUEST_PERCENTILES``);
+    - ``drafting_share``: the share of steps that drafted anything;
+    - ``oracle_tokens_per_step``: the tokens per step had every drafted token been right (1 + each step's draft depth,
+      its drafted nodes where the depth is not traced), and ``oracle_share`` = tokens per step over it;
+    - ``draft_length_bound``: the tokens per step a drafter of the run's deepest draft K could reach at best on these
+      outputs (every step K + 1 tokens, the last one what is left: (n - 1) / ceil((n - 1) / (K + 1)) summed).
+    """
+    traced = [r for r in records if r.get("accept_lengths")]
+    steps = [(length, drafted, depth) for r in traced for length, drafted, depth in step_depths(r)]
+    if not steps:
+        return dict.fromkeys(DRAFTING_METRICS)
+    drafting = [length for length, drafted, _ in steps if drafted]
+    oracle = float(np.mean([1 + depth for _, _, depth in steps]))
+    per_step = float(np.mean([length for length, _, _ in steps]))
+    deepest = max(depth for _, _, depth in steps)
+    emitted = [r["new_tokens"] - 1 for r in traced if r["new_tokens"] > 1]
+    per_request = [float(np.mean(r["accept_lengths"])) for r in traced]
+    spread: list[float] = np.percentile(per_request, REQUEST_PERCENTILES).tolist()
+    return {
+        "acceptance_length": float(np.mean(drafting)) if drafting else None,
+        "acceptance_length_per_request": float(np.mean(per_request)),
+        **{f"acceptance_length_request_p{q}": value for q, value in zip(REQUEST_PERCENTILES, spread, strict=True)},
+        "drafting_share": len(drafting) / len(steps),
+        "oracle_tokens_per_step": oracle,
+        "oracle_share": per_step / oracle,
+        "draft_length_bound": _ratio(sum(emitted), sum(-(-n // (deepest + 1)) for n in emitted)),
+    }
+
+
+def step_depths(record: dict) -> list[tuple[int, int, int]]:
+    """Each step of a traced record as (tokens emitted, drafted nodes, draft depth: traced, else the drafted nodes)."""
+    depths = record.get("draft_depth") or record["draft_tokens"]
+    return list(zip(record["accept_lengths"], record["draft_tokens"], depths, strict=True))
 
 
 def reach(drafted: int, depth: int | None) -> float:

@@ -237,17 +237,41 @@ TRACED_WITH = {
 
 
 def step_problems(record: dict) -> list[str]:
-    """What makes a record's per-step traces disagree: lists of different lengths, or a trace without the ones
-    measured with it (TRACED_WITH)."""
+    """What makes a record's per-step traces disagree: lists of different lengths, a trace without the ones
+    measured with it (TRACED_WITH), or accept lengths that do not describe the record (``acceptance_problems``)."""
     lengths = {name: len(record[name]) for name in STEP_FIELDS if record.get(name) is not None}
     problems = [f"lengths {lengths}"] if len(set(lengths.values())) > 1 else []
-    return problems + [
-        f"{name} without {other}"
-        for name, others in TRACED_WITH.items()
-        if record.get(name) is not None
-        for other in others
-        if record.get(other) is None
-    ]
+    return (
+        problems
+        + [
+            f"{name} without {other}"
+            for name, others in TRACED_WITH.items()
+            if record.get(name) is not None
+            for other in others
+            if record.get(other) is None
+        ]
+        + acceptance_problems(record)
+    )
+
+
+def acceptance_problems(record: dict) -> list[str]:
+    """Where a record's accept lengths contradict it: one per target forward, emitting together every token after the
+    prefill's, each step at least one token and no more drafted tokens than the step drafted (its nodes, its tree's
+    depth). Records that keep these keep tokens per step = 1 + the sum of the marginal acceptance rates."""
+    lengths = record.get("accept_lengths")
+    if lengths is None:
+        return []
+    problems = []
+    if len(lengths) != record["target_forwards"]:
+        problems.append(f"{len(lengths)} accept lengths for {record['target_forwards']} target forwards")
+    if sum(lengths) != max(record["new_tokens"] - 1, 0):
+        problems.append(f"accept lengths emit {sum(lengths)} tokens, the record {record['new_tokens']} - 1")
+    if any(length < 1 for length in lengths):
+        problems.append("a step emitted no token")
+    for name in ("draft_tokens", "draft_depth"):
+        if any(length - 1 > cap for length, cap in zip(lengths, record.get(name) or [])):
+            problems.append(f"a step accepted more drafted tokens than its {name}")
+    return problems
 
 
 def upgrade_record(record: dict) -> dict:

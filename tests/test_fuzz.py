@@ -455,7 +455,7 @@ def valid_record(sample_id: str, turn: int) -> dict:
         wall_s=0.3,
         prefill_s=0.1,
         target_forwards=2,
-        accept_lengths=[2, 1],
+        accept_lengths=[1, 1],
         draft_tokens=[3, 3],
         draft_depth=[2, 2],
         side_branch=[False, False],

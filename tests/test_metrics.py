@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from specbench.metrics import acceptance_by_depth, aggregate, energy_per_token, latency_percentiles, side_branch_share
+from specbench.metrics import (
+    acceptance_by_depth,
+    aggregate,
+    check_acceptance,
+    drafting_metrics,
+    energy_per_token,
+    latency_percentiles,
+    marginal_rates,
+    side_branch_share,
+)
+from specbench.schema import acceptance_problems
 
 
 def record(**fields) -> dict:
@@ -12,7 +22,7 @@ def record(**fields) -> dict:
     base = {
         "sample_id": "s",
         "turn": 0,
-        "new_tokens": 5,
+        "new_tokens": 8,  # the prefill's token and the steps' 1 + 2 + 3 + 1
         "wall_s": 1.0,
         "prefill_s": 0.2,
         "target_forwards": 4,
@@ -30,10 +40,25 @@ def test_acceptance_by_depth_counts_reached_steps_joint_and_conditional_rates():
     # steps as (accepted drafted tokens, depth): (0, 2), (1, 2), (2, 3), (0, 0)
     rows = {row["depth"]: row for row in acceptance_by_depth([record()])}
     assert sorted(rows) == [0, 1, 2, 3]
-    assert rows[0] == {"depth": 0, "steps": 4, "exactly": 0.5, "joint": None, "conditional": None}
-    assert rows[1] == pytest.approx({"depth": 1, "steps": 3, "exactly": 1 / 3, "joint": 2 / 3, "conditional": 2 / 3})
-    assert rows[2] == pytest.approx({"depth": 2, "steps": 3, "exactly": 1 / 3, "joint": 1 / 3, "conditional": 1 / 2})
-    assert rows[3] == pytest.approx({"depth": 3, "steps": 1, "exactly": 0.0, "joint": 0.0, "conditional": 0.0})
+    first = {"depth": 0, "steps": 4, "exactly": 0.5, "joint": None, "conditional": None, "marginal": None}
+    assert rows[0] == {**first, "share": 0.5}
+    assert rows[1] == pytest.approx(
+        {"depth": 1, "steps": 3, "exactly": 1 / 3, "joint": 2 / 3, "conditional": 2 / 3, "marginal": 0.5, "share": 0.25}
+    )
+    assert rows[2] == pytest.approx(
+        {
+            "depth": 2,
+            "steps": 3,
+            "exactly": 1 / 3,
+            "joint": 1 / 3,
+            "conditional": 1 / 2,
+            "marginal": 0.25,
+            "share": 0.25,
+        }
+    )
+    assert rows[3] == pytest.approx(
+        {"depth": 3, "steps": 1, "exactly": 0.0, "joint": 0.0, "conditional": 0.0, "marginal": 0.0, "share": 0.0}
+    )
 
 
 def test_joint_is_the_product_of_conditionals_for_fixed_depth_chains():
@@ -94,7 +119,8 @@ def test_latency_percentiles_of_ttft_tpot_and_steps():
 
 def test_energy_per_token_uses_only_metered_records():
     assert energy_per_token([record()]) == {"energy_j": None, "joules_per_token": None}
-    metered = [record(energy_j=2.0, new_tokens=4), record(energy_j=None, new_tokens=100), record(energy_j=6.0)]
+    metered = [record(energy_j=2.0, new_tokens=4), record(energy_j=None, new_tokens=100)]
+    metered.append(record(energy_j=6.0, new_tokens=5))
     assert energy_per_token(metered) == {"energy_j": 8.0, "joules_per_token": pytest.approx(8.0 / 9)}
 
 
@@ -122,3 +148,62 @@ def test_bandwidth_share_prices_each_step_at_the_weights_plus_its_context():
     )
     untimed = record(prompt_tokens=4, step_s=None)  # HF generate: no steps
     assert traffic_metrics([untimed], traffic) == traffic_metrics([first], None) == dict.fromkeys(TRAFFIC_METRICS)
+
+
+def test_tokens_per_step_is_one_plus_the_sum_of_the_marginal_rates():
+    """Steps accepting 0, 1, 2, 0 drafted tokens: P(accepted >= 1) = 1/2, P(>= 2) = 1/4, and 1 + 3/4 = 7 tokens over 4
+    steps."""
+    assert marginal_rates([record()]).tolist() == pytest.approx([0.5, 0.25])
+    assert aggregate([record()])["tokens_per_step"] == pytest.approx(1 + 0.5 + 0.25)
+    check_acceptance([record(), record(accept_lengths=[1, 1, 1, 1], new_tokens=5)])  # consistent: no error
+
+
+def test_records_that_break_the_acceptance_identity_are_refused():
+    """accept_lengths that emit more than the record did (one token too many), or count other steps than its
+    forwards: the aggregate refuses the set, and the reader's record check names the fault."""
+    broken = record(accept_lengths=[1, 3, 3, 1])  # 8 tokens after the prefill, the record has 7
+    with pytest.raises(ValueError, match="not 1 \\+ the sum of the marginal acceptance rates"):
+        aggregate([record(), broken])
+    assert acceptance_problems(broken) == ["accept lengths emit 8 tokens, the record 8 - 1"]
+    assert "3 accept lengths for 4 target forwards" in acceptance_problems(record(accept_lengths=[1, 3, 3]))
+    greedy = record(accept_lengths=[4, 1, 1, 1], new_tokens=8)  # 3 drafted tokens accepted of 2 drafted
+    assert "a step accepted more drafted tokens than its draft_tokens" in acceptance_problems(greedy)
+    assert acceptance_problems(record()) == [] and acceptance_problems(record(accept_lengths=None)) == []
+
+
+def test_drafting_metrics_per_drafting_step_per_request_and_against_perfect_drafting():
+    """Two requests: the fixture (steps 1, 2, 3, 1; drafted 2, 4, 3, 0 nodes of depth 2, 2, 3, 0) and a chain request
+    (steps 3, 1; 2 drafted each, depth 2)."""
+    chain = record(
+        new_tokens=5,
+        target_forwards=2,
+        accept_lengths=[3, 1],
+        draft_tokens=[2, 2],
+        draft_depth=[2, 2],
+        side_branch=None,
+    )
+    metrics = drafting_metrics([record(), chain])
+    assert metrics["acceptance_length"] == pytest.approx((1 + 2 + 3 + 3 + 1) / 5)  # the 5 steps that drafted
+    assert metrics["acceptance_length_per_request"] == pytest.approx((7 / 4 + 4 / 2) / 2)
+    assert metrics["drafting_share"] == pytest.approx(5 / 6)
+    assert metrics["oracle_tokens_per_step"] == pytest.approx((3 + 3 + 4 + 1 + 3 + 3) / 6)
+    assert metrics["oracle_share"] == pytest.approx((11 / 6) / (17 / 6))
+    # the deepest draft is 3: at best 4 tokens a step, so 7 tokens take 2 steps and 4 tokens 1 step
+    assert metrics["draft_length_bound"] == pytest.approx((7 + 4) / (2 + 1))
+    ar = record(accept_lengths=[1] * 4, new_tokens=5, draft_tokens=[0] * 4, draft_depth=[0] * 4)
+    assert metrics["acceptance_length_request_p50"] == pytest.approx((7 / 4 + 4 / 2) / 2)  # two requests: the middle
+    assert metrics["acceptance_length_request_p10"] == pytest.approx(7 / 4 + 0.1 * (2 - 7 / 4))
+    assert drafting_metrics([ar]) == {
+        "acceptance_length": None,
+        "acceptance_length_per_request": 1.0,
+        "acceptance_length_request_p10": 1.0,
+        "acceptance_length_request_p50": 1.0,
+        "acceptance_length_request_p90": 1.0,
+        "drafting_share": 0.0,
+        "oracle_tokens_per_step": 1.0,
+        "oracle_share": 1.0,
+        "draft_length_bound": 1.0,
+    }
+    untraced = drafting_metrics([record(draft_depth=None)])  # depth unknown: the drafted nodes stand in (chains)
+    assert untraced["oracle_tokens_per_step"] == pytest.approx((3 + 5 + 4 + 1) / 4)
+    assert set(drafting_metrics([record(accept_lengths=None, draft_tokens=None)]).values()) == {None}

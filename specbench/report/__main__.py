@@ -1,5 +1,5 @@
 """``python -m specbench.report RUN_DIR [RUN_DIR...] [--csv OUT.csv] [--divergences] [--by category]
-[--merge-repeats] [--view runs|steps|latency|cost|acceptance|batch|crosscheck|crosscheck_prompts]
+[--merge-repeats] [--view runs|steps|latency|cost|acceptance|drafting|batch|crosscheck|crosscheck_prompts]
 [--ar same|eager|compiled] [--plot OUT.png] [--quality] [--reprice CURVE]``:
 the report table of stored runs, with speedup against AR."""
 
@@ -44,7 +44,9 @@ def _parser() -> ArgumentParser:
         default="runs",
         help="runs (throughput, acceptance, speedup), steps (where step time goes), latency (TTFT, time per "
         "output token and step latency percentiles, energy per token), cost (ideal, predicted and achieved "
-        "speedup: the cost model beside the measurement), acceptance (by draft depth), batch (engines and batch "
+        "speedup: the cost model beside the measurement), acceptance (by draft depth: joint, conditional and "
+        "marginal rates, the histogram), drafting (acceptance per drafting step and per request, the share of steps "
+        "that drafted, the oracle bound of perfect drafting), batch (engines and batch "
         "sizes, speedup over the AR of the same engine and batch size), crosscheck (a method in specbench's loop "
         "beside the same method in vLLM: tokens per step, drafting, acceptance, outputs) or crosscheck_prompts "
         "(the same, per prompt)",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from specbench.metrics import PERCENTILES, acceptance_by_depth
+from specbench.metrics import PERCENTILES, REQUEST_PERCENTILES, acceptance_by_depth
 from specbench.report.compare import (
     CROSS_COLUMNS,
     CROSS_DEPTHS,
@@ -93,7 +93,24 @@ COST_COLUMNS = [
     "achieved_over_predicted",
 ]
 # One row per run and draft depth (report.view.acceptance_table).
-ACCEPTANCE_COLUMNS = ["run", "method", "depth", "steps", "exactly", "joint", "conditional"]
+ACCEPTANCE_COLUMNS = ["run", "method", "depth", "steps", "exactly", "joint", "conditional", "marginal", "share"]
+# Acceptance per drafting step and per request, and how far each run is from perfect drafting at its budget
+# (metrics.drafting_metrics, docs/metrics.md#acceptance-per-step-and-per-request).
+DRAFTING_COLUMNS = [
+    "run",
+    "method",
+    "n_samples",
+    "tokens_per_step",
+    "acceptance_length",
+    "acceptance_length_per_request",
+    *(f"acceptance_length_request_p{q}" for q in REQUEST_PERCENTILES),
+    "drafting_share",
+    "draft_efficiency",
+    "oracle_tokens_per_step",
+    "oracle_share",
+    "draft_length_bound",
+    "exact_match_rate",
+]
 # Engines and batch sizes: the same prompts through each engine at each batch size, speedup over the AR of the same
 # engine and batch size.
 BATCH_COLUMNS = [
@@ -117,6 +134,7 @@ VIEWS = {
     "latency": LATENCY_COLUMNS,
     "cost": COST_COLUMNS,
     "acceptance": ACCEPTANCE_COLUMNS,
+    "drafting": DRAFTING_COLUMNS,
     "batch": BATCH_COLUMNS,
     "crosscheck": CROSS_COLUMNS,
     "crosscheck_prompts": CROSS_PROMPT_COLUMNS,
@@ -138,6 +156,10 @@ SHARES = (
     "exactly",
     "joint",
     "conditional",
+    "marginal",
+    "share",
+    "drafting_share",
+    "oracle_share",
     "same_steps",
     "equal_to_ar",
     "drafted_share_hf",
@@ -181,6 +203,13 @@ DISPLAY_NAMES = {
     "drafted_share_hf": "drafted_hf",
     "drafted_share_vllm": "drafted_vllm",
     "vllm_run_dir": "vllm_run",
+    "acceptance_length": "AL_drafting",
+    "acceptance_length_per_request": "AL_request",
+    **{f"acceptance_length_request_p{q}": f"AL_req_p{q}" for q in REQUEST_PERCENTILES},
+    "drafting_share": "drafting",
+    "oracle_tokens_per_step": "oracle",
+    "oracle_share": "of_oracle",
+    "draft_length_bound": "K_bound",
 }
 
 

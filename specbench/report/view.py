@@ -293,6 +293,15 @@ def reprice_text(repriced: pd.DataFrame) -> str:
     return format_table(repriced)
 
 
+def diagnosis_text(judged: pd.DataFrame) -> str:
+    """The divergence table with each divergence's diagnosis (``report.diagnosis``; logit gaps in scientific notation:
+    a near tie is far below 0.01), or a line saying none differs."""
+    if judged.empty:
+        return "no compared sample differs from its AR baseline"
+    shown = _for_display(judged.drop(columns="exact_match"))
+    return shown.to_string(index=False, float_format="{:.2e}".format, na_rep="-")
+
+
 def divergence_text(compared: pd.DataFrame) -> str:
     """The first-divergence table of the samples that differ from AR, or a line saying none do."""
     differing = compared[~compared["exact_match"]]

@@ -46,7 +46,7 @@ from specbench.models.loading import (
 )
 from specbench.models.parts import method_input_nodes, part_nodes
 from specbench.profile import cached_curves
-from specbench.schema import PHASES, SCHEMA_VERSION
+from specbench.schema import SCHEMA_VERSION, STEP_FIELDS
 from specbench.settings import setting_problems
 from specbench.store import RunStore
 from specbench.vllm_engine import VLLMEngine, counterpart, differences, start_vllm
@@ -264,6 +264,11 @@ def prompt_sha(prompt_ids: list[int]) -> str:
 def rounded(seconds: list[float] | None) -> list[float] | None:
     """Per-step times to the microsecond (None stays None: not measured)."""
     return None if seconds is None else [round(s, 6) for s in seconds]
+
+
+def step_record(gen: Generation) -> dict[str, list | None]:
+    """The generation's per-step traces as record fields of the same names (times to the microsecond)."""
+    return {name: rounded(getattr(gen, name)) if name.endswith("_s") else getattr(gen, name) for name in STEP_FIELDS}
 
 
 def sample_generator(seed: int, sample_id: str) -> torch.Generator:
@@ -691,12 +696,7 @@ class Runner:
             "batch_wall_s": wall,
             "prefill_s": gen.prefill_s,
             "target_forwards": gen.target_forwards,
-            "accept_lengths": gen.accept_lengths,
-            "draft_tokens": gen.draft_tokens,
-            "draft_depth": gen.draft_depth,
-            "verify_tokens": gen.verify_tokens,
-            "side_branch": gen.side_branch,
-            **{f"{key}_s": rounded(getattr(gen, f"{key}_s")) for key in ("step", *PHASES)},
+            **step_record(gen),
             "energy_j": None if energy is None else energy / size,
             "stop_reason": gen.stop_reason,
             "drafter_stats": self.engine.stats(),

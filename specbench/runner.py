@@ -33,7 +33,7 @@ from specbench.core.loop import STEP_BREAKDOWN_SETTINGS, Engine, Generation, syn
 from specbench.core.verify import warm_up_verify
 from specbench.data.base import Dataset, Sample, build_dataset
 from specbench.energy import joules_between, open_meter
-from specbench.engines import build_engine, check_method, eager_because
+from specbench.engines import build_engine, eager_because, prepare_method
 from specbench.errors import ConfigError, DataError, RunConflict
 from specbench.metrics import machine_seconds, run_summary
 from specbench.models.loading import (
@@ -320,12 +320,12 @@ class Runner:
         self.budget = given_record(cfg)
         if self.budget is not None:
             cfg = with_budget(cfg, self.budget["value"])
-        drafter = check_method(cfg.method)  # the drafter's knobs, before any model loads
+        self.method = prepare_method(cfg.method)  # the drafter's knobs and the acceptance rule, before any model loads
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         self.compile = loop_compiles(cfg.compile, cfg.engine.name, self.device.type)
-        self.eager_because = eager_because(cfg.method, drafter) if self.compile else None
+        self.eager_because = eager_because(cfg.method, self.method.drafter) if self.compile else None
         self.verifier: CompiledVerifier | None = None  # the compiled path's, once the model is loaded
         self.sampling = Sampling(cfg.temperature, cfg.top_p)
         self.store = RunStore(Path(cfg.output_dir), config_digest(cfg, self.device, self.dtype), cfg.force)
@@ -406,13 +406,12 @@ class Runner:
         )
         self.budget = record
         self.cfg = with_budget(self.cfg, record["value"])
+        self.method = prepare_method(self.cfg.method)  # the drafter at the chosen size
 
     def start_engine(self, first: Sample | None) -> None:
-        """Warm up on ``first`` (if any) with a throwaway engine, then build the measured engine.
-
-        NOTE: the warm-up runs on its own engine, so drafters that learn across requests (tries,
-        context caches) start the timed run without the warm-up's output in their memory.
-        """
+        """Build the measured engine once (its drafter the one checked when the run opened), warm it up on ``first``
+        (if any), then make it forget what the warm-up taught it (``Engine.forget``) and replay the finished
+        samples."""
         if self.cfg.engine.name == "vllm":
             self._start_vllm(first)
             return
@@ -421,17 +420,19 @@ class Runner:
             self.verifier = compiled_verifier(self.lm.model)
             if first is not None:
                 self._compile(first)
+        self.engine = build_engine(
+            self.cfg.method, self.lm, self.sampling, self.cfg.step_breakdown, self.verifier, self.method
+        )
         if first is not None and self.cfg.warmup:
             with torch.inference_mode():
                 warm_up_verify(self.lm.model)
-            engine = build_engine(self.cfg.method, self.lm, self.sampling, self.cfg.step_breakdown, self.verifier)
             prompt_ids = self._prompt(first, [])
             for _ in range(self.cfg.warmup):
                 with torch.inference_mode():
-                    engine.generate(
+                    self.engine.generate(
                         prompt_ids, self.cfg.max_new_tokens, sample_generator(self.cfg.seed, first.sample_id)
                     )
-        self.engine = build_engine(self.cfg.method, self.lm, self.sampling, self.cfg.step_breakdown, self.verifier)
+            self.engine.forget()
         self.compile_record["compiled"] = self.engine.compiled  # what runs, as the engine says
         self._check_parts(self.engine.artefacts())
         if first is not None:
@@ -441,7 +442,7 @@ class Runner:
         """Resuming: the measured engine goes through the finished samples' generations in run order, untimed, before
         the first pending one (``Engine.replay``), so what a drafter keeps across requests (a global suffix tree, a
         successor matrix, an output trie) is what it would be had the run not stopped, and the resumed samples record
-        the steps an uninterrupted run records. The warm-up runs on a throwaway engine, so it leaves no trace."""
+        the steps an uninterrupted run records. The warm-up leaves no trace: the engine forgot it."""
         assert self.engine is not None and self.lm is not None  # built by start_engine, loaded by open()
         turns: dict[str, list[dict]] = {}
         for record in self.store.records:  # in the order they were written
@@ -501,7 +502,7 @@ class Runner:
         self._check_parts(engine.artefacts())
         if first is not None:
             self._replay_finished()
-            engine.reset_prefix_cache()  # the warm-up's and replayed prompts: no cache hit for a measured prefill
+            engine.forget()  # the warm-up's and replayed prompts: no cache hit for a measured prefill
 
     def _traffic(self) -> dict | None:
         """The summary's ``memory_traffic``: the bytes a batch-1 forward of the loaded target reads and this device's

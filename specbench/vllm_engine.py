@@ -307,9 +307,10 @@ class VLLMEngine:
         )
         return [generation_of(result) for result in reply["results"]]
 
-    def reset_prefix_cache(self) -> None:
-        """Forget the prompts seen so far (vLLM reuses their KV rows otherwise: a warm-up would speed up the first
-        measured prefill)."""
+    def forget(self) -> None:
+        """Empty vLLM's prefix cache: the prompts seen so far (vLLM reuses their KV rows otherwise: a warm-up would
+        speed up the first measured prefill). vLLM's global suffix tree cannot be emptied: the runner gives a
+        counterpart that learns across requests no warm-up instead."""
         self._ask({"op": "reset"})
 
     def replay(

@@ -145,6 +145,11 @@ class Drafter:
     def reset(self, prompt_ids: list[int]) -> None:
         """Start a new generation from ``prompt_ids`` (per-request state goes here)."""
 
+    def forget(self) -> None:
+        """Drop what this drafter learned across requests, back to how ``setup`` left it: the runner warms up on the
+        engine it then times and forgets after, so the warm-up leaves no trace (default: nothing crosses requests; a
+        drafter that overrides ``recall`` keeps a memory and overrides this too, which the conformance suite checks)."""
+
     def recall(self, prompt_ids: list[int], output_ids: list[int]) -> bool:
         """Learn what this drafter keeps across requests from a generation it did not run: a resumed run calls it for
         each finished sample's turns, in run order, before the first pending sample, so the memory is what an

@@ -79,6 +79,10 @@ class Engine(Protocol):
         """Whether the target's verify forwards run compiled (``specbench.core.compiled``)."""
         ...
 
+    def forget(self) -> None:
+        """Drop what the engine keeps across requests, back to how it was built (after the runner's warm-up)."""
+        ...
+
     def replay(
         self, prompt_ids: list[int], output_ids: list[int], max_new_tokens: int, generator: torch.Generator | None
     ) -> list[int] | None:
@@ -252,6 +256,10 @@ class Decoder:
         if self.drafter.recall(list(prompt_ids), list(output_ids)):
             return None
         return self.generate(prompt_ids, max_new_tokens, generator).output_ids
+
+    def forget(self) -> None:
+        """The drafter drops its cross-request memory (``Drafter.forget``)."""
+        self.drafter.forget()
 
     def _check_proposal(self, tree: object, ctx: DecodeContext) -> None:
         """Refuse what the drafter handed over before any forward sees it: a tree that is not one (its structure,

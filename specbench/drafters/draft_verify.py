@@ -147,11 +147,15 @@ class DraftVerify(Drafter):
         if self.given is None:
             assert self.search_settings is not None  # set whenever no set is given
             self.skipper.use(self.searched_set(target, tokenizer, self.search_settings))
-            self.threshold = self.initial_threshold  # the run starts at gamma_0, searched here or loaded from the cache
+            self.forget()  # the run starts at gamma_0, searched here or loaded from the cache
 
     def reset(self, prompt_ids: list[int]) -> None:
         """Per generation the smoothed acceptance rate restarts; gamma carries over."""
         self.smoothed_acceptance = 0.0
+
+    def forget(self) -> None:
+        """The adaptive threshold back to gamma_0."""
+        self.threshold = self.initial_threshold
 
     def recall(self, prompt_ids: list[int], output_ids: list[int]) -> bool:
         """The adaptive threshold gamma, moved by every step's acceptance, carries across generations: then the
@@ -245,7 +249,7 @@ class DraftVerify(Drafter):
             """Greedy tokens/s of self-speculative decoding over the calibration prompts with ``bits`` skipped."""
             skip = SkipSet.from_bits(list(bits), layers)
             self.skipper.use(skip)  # type: ignore[union-attr]  # bound above
-            self.threshold = self.initial_threshold
+            self.forget()
             start, emitted = time.perf_counter(), 0
             with torch.inference_mode():
                 for prompt in prompts:
@@ -266,7 +270,7 @@ class DraftVerify(Drafter):
             starts=[tuple(bits) for bits in starting_points(layers)],
         )
         bar.close()
-        self.threshold = self.initial_threshold
+        self.forget()
         chosen = SkipSet.from_bits(list(best.bits), layers)
         return {
             "best": chosen.as_dict(),

@@ -9,9 +9,12 @@ needs trained) and ``python -m specbench.train`` (its subcommands). Adding a tra
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+
+from omegaconf import DictConfig
 
 from specbench.errors import ModelUnavailable
 from specbench.manifest import finished_manifest
@@ -37,6 +40,8 @@ class PartKind:
     node: str | None = None  # the model-config node that names it (None: read through a method key only)
     built_source: str = "trained"  # the node's ``source`` value that means "the part this trainer built"
     digest: DigestRoute = DigestRoute.METHOD
+    needed_by: Callable[[DictConfig], bool] | None = None  # a part the method's own settings key (no model node):
+    # whether a run config needs it built; the trainer then takes the run's method overrides, and skips a built one
 
     def folder(self, target_name: str) -> Path:
         """Where the trainer writes this part for ``target_name``."""
@@ -56,6 +61,12 @@ class PartKind:
                 f"Train with: {self.command_line(target_name)}"
             )
         return folder, finished_manifest(folder, self.title, self.command_line(target_name))
+
+
+def searches_layer_skip(cfg: DictConfig) -> bool:
+    """Whether the run's method searches a skipped set (Draft&Verify on a model config that gives none)."""
+    drafter = cfg.method.get("drafter") or {}
+    return drafter.get("search") is not None and drafter.get("layers") is None
 
 
 PART_KINDS: dict[str, PartKind] = {
@@ -105,6 +116,14 @@ PART_KINDS: dict[str, PartKind] = {
             node="hydra",
         ),
         PartKind(
+            "layer_skip",
+            "specbench.train.layer_skip",
+            "search Draft&Verify's skipped sub-layers for speed on calibration prompts (method.drafter.search)",
+            "Draft&Verify skipped set",
+            "layer_skip/{target}",
+            needed_by=searches_layer_skip,
+        ),
+        PartKind(
             "vocab",
             "specbench.train.vocab",
             "count the target's tokens in its answers (method.drafter.draft_vocab)",
@@ -117,7 +136,7 @@ PART_KINDS: dict[str, PartKind] = {
 
 GIVEN_PART_NODES = ("layer_skip",)
 """Model-config nodes that name a method's part which is given in the config (Draft&Verify's skipped sub-layers,
-as its authors published them), not built by a trainer."""
+as its authors published them; without one, the ``layer_skip`` trainer searches a set), not built by a trainer."""
 
 
 def part_kind(command: str) -> PartKind:

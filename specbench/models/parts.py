@@ -1,7 +1,8 @@
 """The kinds of part a method reads beside its target, each declared once: its config node, trainer, cache folder.
 
 A part is something a method needs besides the target's own weights and that specbench can build for a target
-(a distilled draft model, Medusa / EAGLE / EAGLE-3 / Hydra heads, a draft-vocabulary ranking). Everything that
+(a distilled draft model, Medusa / EAGLE / EAGLE-3 / Hydra heads, a draft-vocabulary ranking, Draft&Verify's searched
+skipped set). Everything that
 needs to know about part kinds reads this table: the runner (which model nodes are parts, which enter the
 configuration digest only through the method that reads them), the reproduction plan (which parts a pending job
 needs trained) and ``python -m specbench.train`` (its subcommands). Adding a trained method adds one entry here.
@@ -17,7 +18,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from specbench.errors import ModelUnavailable
-from specbench.manifest import finished_manifest
+from specbench.manifest import digest, finished_manifest
 from specbench.paths import cache_root
 
 
@@ -46,6 +47,11 @@ class PartKind:
     def folder(self, target_name: str) -> Path:
         """Where the trainer writes this part for ``target_name``."""
         return cache_root() / self.folder_pattern.format(target=target_name)
+
+    def keyed_file(self, target_name: str, key: dict) -> Path:
+        """Where the trainer stores the part for ``target_name`` built at the settings ``key`` (a part the method's
+        settings key: one file per key)."""
+        return self.folder(target_name) / f"{digest(key)}.json"
 
     def command_line(self, target_name: str) -> str:
         """The command that builds this part for ``target_name``."""

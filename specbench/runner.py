@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
@@ -223,6 +224,7 @@ def config_digest(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> 
     if identity.get("budget") is None:  # the method's default: digests as before budgets existed
         identity.pop("budget", None)
     identity["method"].pop(KNOB_NODE, None)  # which key budget= sets: not a setting of the run
+    sampling_where_stored(identity)
     drafter = identity["method"].get("drafter") or {}
     for key, older in (identity["method"].pop(LATER_KEYS_NODE, None) or {}).items():
         if key in drafter and drafter[key] == older:
@@ -235,6 +237,15 @@ def config_digest(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> 
         identity["method"].pop("vllm", None)
     identity.update(device=device.type, dtype=str(dtype))
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def sampling_where_stored(identity: dict) -> None:
+    """Put the run's ``temperature`` and ``top_p`` back into the node of a drafter that draws its drafts from them
+    (``Drafter.reads_sampling``): runs stored before the decode context carried the sampling had them there (the
+    method configs interpolated them), so every stored digest stays valid."""
+    drafter = identity["method"].get("drafter")
+    if drafter and get_class(drafter["_target_"]).reads_sampling:
+        drafter.update(temperature=identity["temperature"], top_p=identity["top_p"])
 
 
 HF_ENGINE_KEYS = ("engine", "batch_size", "concurrency")

@@ -115,7 +115,7 @@ def test_nothing_skipped_drafts_the_target_itself_and_every_draft_is_accepted(ti
 
 
 def test_sampled_drafts_carry_the_law_they_were_drawn_from(tiny):
-    drafter = DraftVerify(layers=GIVEN, temperature=0.7, top_p=0.9)
+    drafter = DraftVerify(layers=GIVEN)
     drafter.setup(tiny, None)
     trees = []
     propose = drafter.propose

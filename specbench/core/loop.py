@@ -220,7 +220,9 @@ class Decoder:
             step_start = time.perf_counter()
             clock.start(step_start)
             shared = None if self.verifier.compiled else cache  # the static cache is the compiled path's own
-            ctx = DecodeContext(tokens, len(prompt_ids), remaining, gen.target_forwards, generator, shared)
+            ctx = DecodeContext(
+                tokens, len(prompt_ids), remaining, gen.target_forwards, generator, shared, self.sampling
+            )
             step = self._step(ctx, cache, clock)
             clock.lap("update")  # drafter.observe, and freeing the step's trees and logits on return
             emitted, stop = clip_emitted(step.emitted, self.eos_ids, remaining)

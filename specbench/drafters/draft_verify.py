@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from specbench.core.acceptance import Acceptance
-from specbench.core.drafter import DecodeContext, Drafter, knob_choice, knob_int, knob_number, knob_sampling
+from specbench.core.drafter import DecodeContext, Drafter, knob_choice, knob_int, knob_number
 from specbench.core.tree import DraftTree
 from specbench.core.verify import compact_cache
 from specbench.drafters.tree_fill import pick_children
@@ -96,6 +96,7 @@ class DraftVerify(Drafter):
     """Drafts a chain with the target's skipped-layer forward; exits early below the adaptive threshold."""
 
     COUNTERS = ("steps", "drafted", "accepted_tokens", "draft_forwards", "threshold_sum")
+    reads_sampling = True
     needs_dynamic_cache = True  # the skipped-layer draft runs on the target's own cache (ctx.cache)
 
     def __init__(
@@ -110,8 +111,6 @@ class DraftVerify(Drafter):
         threshold_momentum: float = 0.9,
         search=None,
         target_name: str = "target",
-        temperature: float = 0.0,
-        top_p: float = 1.0,
     ):
         super().__init__()
         self.given = skip_set_from(layers)
@@ -126,7 +125,6 @@ class DraftVerify(Drafter):
         self.threshold_momentum = knob_number("threshold_momentum", threshold_momentum, 0.0, 1.0, "beta2")
         self.search_settings = SearchSettings.from_node(search) if self.given is None else None
         self.target_name = target_name
-        self.sampling = knob_sampling(temperature, top_p)
         self.target: Any = None  # the target model (bound by setup)
         self.skipper: LayerSkip | None = None
         self.eos_ids: frozenset[int] = frozenset()
@@ -173,7 +171,7 @@ class DraftVerify(Drafter):
                     logits_to_keep=1,
                 )
                 logits = out.logits[0, -1].float()  # [vocab] the draft's next-token logits
-                (token,), q = pick_children(logits, 1, None if self.sampling.greedy else self.sampling, ctx.generator)
+                (token,), q = pick_children(logits, 1, ctx.draft_law(True), ctx.generator)
                 tokens.append(token)
                 if q is not None:
                     rows.append(q)

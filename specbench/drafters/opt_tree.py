@@ -136,7 +136,7 @@ class FixedTree(LayeredTreeDrafter):
     ):
         self.shape = fixed_shape(knob_choice("shape", shape, SHAPES), nodes, paths, rank_hits, max_depth)
         super().__init__(**draft_settings)
-        self.sample_drafts = bool(sample_children) and not self.sampling.greedy
+        self.sample_children = bool(sample_children)
 
     def setup(self, target, tokenizer) -> None:
         """Load the draft; refuse shapes that want more children per node than the vocabulary has."""
@@ -165,5 +165,6 @@ class FixedTree(LayeredTreeDrafter):
                 self.node_rows[node] = first + i
             return lm.tree_layer([tokens[node] for node in nodes], parent_rows, depth)  # [k, vocab]
 
-        sampling = self.sampling if self.sample_drafts else None
-        return fill_shape(shape, ctx.root, lm.sync(ctx.tokens), feed, sampling, ctx.generator)
+        return fill_shape(
+            shape, ctx.root, lm.sync(ctx.tokens), feed, ctx.draft_law(self.sample_children), ctx.generator
+        )

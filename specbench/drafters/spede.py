@@ -55,7 +55,7 @@ class SpeDe(DraftModelDrafter):
         tokens: list[int] = []
         rows: list[torch.Tensor] = []  # q per drafted token when drafts are sampled (none for top-k drafts)
         while True:
-            (token,), q = self.pick(logits, 1, ctx.generator)
+            (token,), q = self.pick(logits, 1, ctx)
             tokens.append(token)
             if q is not None:
                 rows.append(q)

@@ -1,5 +1,5 @@
 """``python -m specbench.report RUN_DIR [RUN_DIR...] [--csv OUT.csv] [--divergences [--diagnose]] [--by category]
-[--merge-repeats] [--view runs|steps|latency|cost|acceptance|drafting|batch|crosscheck|crosscheck_prompts]
+[--merge-repeats] [--view runs|steps|latency|cost|acceptance|drafting|batch|length|crosscheck|crosscheck_prompts]
 [--ar same|eager|compiled] [--plot OUT.png] [--quality] [--reprice CURVE]``:
 the report table of stored runs, with speedup against AR."""
 
@@ -28,7 +28,11 @@ from specbench.report.view import (
     reprice_text,
 )
 
-FIGURE_TITLES = {"acceptance": "acceptance by draft depth", "batch": "speedup and tokens per step against batch size"}
+FIGURE_TITLES = {
+    "acceptance": "acceptance by draft depth",
+    "batch": "speedup and tokens per step against batch size",
+    "length": "speedup, tokens per step and step latency against input length",
+}
 
 
 def _parser() -> ArgumentParser:
@@ -99,7 +103,8 @@ def _parser() -> ArgumentParser:
         "--plot",
         metavar="OUT.png",
         help="with --view acceptance: also draw the acceptance by depth of each run; with --view batch: speedup and "
-        "tokens per step against the batch size",
+        "tokens per step against the batch size; with --view length: speedup, tokens per step and step latency against "
+        "the input length",
     )
     return parser
 
@@ -119,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.plot and args.view not in FIGURES:
-        parser.error(f"--plot draws the views {sorted(FIGURES)}: add --view acceptance or --view batch")
+        parser.error(f"--plot draws the views {sorted(FIGURES)}: add --view " + " or --view ".join(sorted(FIGURES)))
     if args.quality and args.merge_repeats:
         parser.error("--quality scores single runs: leave out --merge-repeats")
     if args.diagnose and not args.divergences:

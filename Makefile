@@ -21,7 +21,7 @@ export SPECBENCH_DATA_DIR ?= $(SHARED)/datasets
 export SPECBENCH_CORPUS_DIR ?= $(SHARED)/corpus/sotu_1946_2026
 
 .PHONY: install engine-vllm lock lock-upgrade check-latest demo test test-fast fuzz lint bench-ar bench-model-free bench-engines bench-crosscheck bench-draft bench-medusa bench-eagle bench-quality bench-auto bench-figures bench-all train-draft train-medusa \
-	train-hydra train-eagle train-eagle3 train-vocab profile report notebook \
+	train-hydra train-eagle train-eagle3 train-layer-skip train-vocab profile report notebook \
 	reproduce-tables reproduce-run reproduce-build parity clean
 
 SCALE ?= smoke
@@ -80,7 +80,7 @@ lint: install  ## ruff (lint + format check) and mypy over the package, as CI ru
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 
-bench-model-free: install  ## AR, HF prompt lookup, PLD, ANPD, Lookahead, LADE, Self-Draft, SuffixDecoding, Token Recycling, SAM, REST, Draft&Verify: code, then chat
+bench-model-free: install train-layer-skip  ## AR, HF prompt lookup, PLD, ANPD, Lookahead, LADE, Self-Draft, SuffixDecoding, Token Recycling, SAM, REST, Draft&Verify: code, then chat
 	$(PY) -m specbench.bench model_free
 	$(PY) -m specbench.bench model_free --dataset mt_bench
 
@@ -105,7 +105,7 @@ bench-quality: install train-medusa  ## at T=0.7: AR, lossy and lossless Medusa,
 bench-engines: install engine-vllm train-draft  ## AR, PLD, SuffixDecoding, SpeDe in vLLM at batch sizes 1-16 (speedup over vLLM's AR at each)
 	$(PY) -m specbench.bench engines
 
-bench-crosscheck: install engine-vllm train-draft  ## AR, PLD, SuffixDecoding, SpeDe in specbench's loop and in vLLM, HumanEval then MT-Bench; then the cross-check view
+bench-crosscheck: install engine-vllm train-draft train-medusa  ## AR, PLD, SuffixDecoding, SpeDe, Medusa in specbench's loop and in vLLM, HumanEval then MT-Bench; then the cross-check view
 	$(PY) -m specbench.bench crosscheck
 	$(PY) -m specbench.report $$(ls -d results/bench/crosscheck/*/ | tail -1) --merge-repeats --view crosscheck
 	$(PY) -m specbench.bench crosscheck --dataset mt_bench --limit 10
@@ -131,6 +131,9 @@ train-eagle: install  ## train the embedded model's EAGLE head once (cached in $
 train-eagle3: install  ## train the embedded model's EAGLE-3 head once (cached in $SPECBENCH_CACHE)
 	$(PY) -m specbench.train eagle3 model=smollm2_135m
 
+train-layer-skip: install  ## search the embedded model's Draft&Verify skipped set once (cached in $SPECBENCH_CACHE)
+	$(PY) -m specbench.train layer_skip model=smollm2_135m
+
 train-vocab: install  ## count the embedded model's answer tokens once: the ranking of method.drafter.draft_vocab
 	$(PY) -m specbench.train vocab model=smollm2_135m
 
@@ -138,7 +141,7 @@ bench-auto: install train-draft train-medusa train-eagle train-vocab  ## every m
 	$(PY) -m specbench.bench hardware_aware
 	$(PY) -m specbench.report $$(ls -d results/bench/hardware_aware/*/ | tail -1) --merge-repeats --view cost
 
-bench-all: install train-draft train-medusa train-eagle  ## every method in one process: step time, time outside the forward, step breakdown
+bench-all: install train-draft train-medusa train-eagle train-layer-skip  ## every method in one process: step time, time outside the forward, step breakdown
 	$(PY) -m specbench.bench all_methods
 
 bench-ar: install  ## specbench AR vs HF generate greedy throughput on the same prompts, one process

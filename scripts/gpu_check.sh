@@ -14,7 +14,7 @@
 #                Llama-2-7B-shaped model in float16, GPU_CHECK_LIMIT prompts, step breakdown on; read it with
 #                python -m specbench.report. If the suite stops on an error (not the cap), the model-free entries
 #                run again on their own, so one drafter's failure does not cost the others' numbers.
-#   diagnose     diagnose.log: scripts/diagnose_divergence.py on the bench session (or GPU_CHECK_DIAGNOSE=SESSION):
+#   diagnose     diagnose.log: report --divergences --diagnose on the bench session (or GPU_CHECK_DIAGNOSE=SESSION):
 #                each lossless method's first divergence from AR, its logit gap, and whether a float64 rerun
 #                agrees (numeric noise) or not (a bug).
 #   budgets      DIR/hardware_aware/<session>/ (+ budgets.log): PLD and Lookahead at their default budget and at
@@ -287,8 +287,8 @@ main() {
   if wanted diagnose; then
     local session="${GPU_CHECK_DIAGNOSE:-$(ls -d "$out"/all_methods/*/ 2>/dev/null | tail -1)}"
     if [[ -n "$session" ]]; then
-      phase "$DIAGNOSE_SECONDS" "$logs/diagnose.log" "$PYTHON" scripts/diagnose_divergence.py "$session"/*/r* \
-        --max-samples 1 || true
+      phase "$DIAGNOSE_SECONDS" "$logs/diagnose.log" "$PYTHON" -m specbench.report "$session"/*/r* \
+        --divergences --diagnose --max-samples 1 || true
     fi
   fi
   # the hardware_aware suite on the GPU at the check's length (the budgets and embedded phases add model, dtype,

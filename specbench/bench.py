@@ -8,9 +8,8 @@
 A suite (``conf/bench/<SUITE>.yaml``) names a model, a dataset and entries: a label plus the Hydra
 overrides of one method (``grid`` entries expand into one entry per combination, for sweeps). The
 model is loaded once; every prompt runs through every entry, in an order that rotates from prompt
-to prompt so drift in machine speed hits all entries alike. Each round builds fresh engines (after
-an untimed warm-up on a throwaway engine), so drafters that learn across requests never see a
-prompt twice.
+to prompt so drift in machine speed hits all entries alike. Each round builds fresh engines (an untimed warm-up, then
+forgotten), so drafters that learn across requests never see a prompt twice.
 
 Nothing is measured here: each entry and round is an ordinary run folder written by the runner
 (``<out>/<SUITE>/<session>/<entry>/r<round>/``, the summary naming the suite, session, entry and

@@ -79,7 +79,7 @@ LAW_BATCH = 200  # draws per teacher-forced forward that computes the target's l
 SAMPLING_SEED_PROMPT = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3]
 BREAKDOWN_TOLERANCE = 0.03
 COMPILE_BACKEND = "inductor"
-CHECKS = ("builds", "greedy", "budget", "eos", "sampling", "knobs", "breakdown", "resume", "compiled")
+CHECKS = ("builds", "greedy", "budget", "eos", "sampling", "knobs", "breakdown", "forget", "resume", "compiled")
 
 
 @dataclass(frozen=True)
@@ -501,6 +501,28 @@ def steps_of(record: dict) -> dict:
     return {**{field: record[field] for field in RESUME_FIELDS}, "drafter_stats": stats}
 
 
+def generation_steps(engine: Engine, prompt: tuple[int, ...]) -> dict:
+    """What a greedy generation of ``prompt`` says about its steps (``steps_of`` its record's fields)."""
+    gen = generate(engine, list(prompt), GREEDY_TOKENS)
+    return steps_of({**{field: getattr(gen, field) for field in RESUME_FIELDS}, "drafter_stats": engine.stats()})
+
+
+def check_forget(name: str) -> str:
+    """An engine that generated and then forgot (``Engine.forget``, as after the runner's warm-up) records the same
+    steps on a prompt as a freshly built one: what a drafter keeps across requests is dropped, counters included."""
+    first, second = prompts()
+    expected = generation_steps(engine_for(name, tiny_lm()), second)
+    used = engine_for(name, tiny_lm())
+    for prompt in (second, first):  # what it learns from the prompt asked again, then from another
+        generate(used, list(prompt), GREEDY_TOKENS)
+    used.forget()
+    got = generation_steps(used, second)
+    different = sorted(key for key, value in expected.items() if got[key] != value)
+    if different:
+        raise AssertionError(f"after forget, a generation recorded other {different} than on a freshly built engine")
+    return "two generations, then forget: the next records the steps of a freshly built engine"
+
+
 def check_resume(name: str) -> str:
     """A run stopped after its first sample and resumed holds each sample once and records the same steps as a run
     that went through: what a drafter keeps across requests is rebuilt before the first pending sample."""
@@ -548,6 +570,7 @@ CHECK_FUNCTIONS: dict[str, Callable[[str], str]] = {
     "sampling": check_sampling,
     "knobs": check_knobs,
     "breakdown": check_breakdown,
+    "forget": check_forget,
     "resume": check_resume,
     "compiled": check_compiled,
 }

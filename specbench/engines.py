@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -13,7 +14,7 @@ from transformers import GenerationConfig
 from specbench.config import instantiate_checked
 from specbench.core.acceptance import Sampling
 from specbench.core.drafter import Drafter
-from specbench.core.loop import Decoder, Engine, Generation, synchronize
+from specbench.core.loop import AcceptFn, Decoder, Engine, Generation, synchronize
 from specbench.core.rules import acceptance_rule
 from specbench.core.verify import Verifier
 from specbench.errors import ConfigError
@@ -37,6 +38,8 @@ class HFGenerate:
     ):
         self.model = model
         self.call_kwargs = call_kwargs or {}  # generate() arguments that are not GenerationConfig fields
+        assistant = self.call_kwargs.get("assistant_model")
+        self.assistant_start = copy.deepcopy(assistant.generation_config) if assistant is not None else None
         self.parts = parts or []  # the assistant draft of assisted generation
         self.settings = dict(
             do_sample=not sampling.greedy,
@@ -57,6 +60,12 @@ class HFGenerate:
     def artefacts(self) -> list[str]:
         """The assistant draft, for assisted generation."""
         return self.parts
+
+    def forget(self) -> None:
+        """Assisted generation: the assistant's generation config (its heuristic number of draft tokens) back to how
+        the run started; plain ``generate`` keeps nothing across requests."""
+        if self.assistant_start is not None:
+            self.call_kwargs["assistant_model"].generation_config = copy.deepcopy(self.assistant_start)
 
     def replay(
         self, prompt_ids: list[int], output_ids: list[int], max_new_tokens: int, generator: torch.Generator | None
@@ -117,15 +126,29 @@ def hf_assistant(assistant_cfg: DictConfig, lm: LoadedModel) -> tuple[dict[str, 
     return kwargs, draft.part
 
 
-def check_method(method_cfg: DictConfig) -> Drafter | None:
-    """Catch a bad method setting before any model loads: the engine, the acceptance rule, and the
-    drafter's knobs (its constructor validates them); returns the drafter (not yet set up), if any."""
+@dataclass
+class Method:
+    """A method config made ready to run once: its drafter constructed (the knobs validated, not yet set up) and its
+    acceptance rule resolved; both None under ``engine: hf_generate``. One engine takes it (``build_engine``)."""
+
+    drafter: Drafter | None
+    accept_fn: AcceptFn | None
+
+
+def prepare_method(method_cfg: DictConfig) -> Method:
+    """Catch a bad method setting before any model loads: the engine, the acceptance rule, and the drafter's knobs (its
+    constructor validates them)."""
     if method_cfg.engine not in ENGINES:
         raise ConfigError(f"method.engine must be one of {ENGINES}; got {method_cfg.engine!r}")
     if method_cfg.engine == "hf_generate":
-        return None
-    acceptance_rule(method_cfg.get("acceptance", "match"), method_cfg.get("acceptance_kwargs"))
-    return instantiate_checked(method_cfg.drafter)
+        return Method(None, None)
+    accept_fn = acceptance_rule(method_cfg.get("acceptance", "match"), method_cfg.get("acceptance_kwargs"))
+    return Method(instantiate_checked(method_cfg.drafter), accept_fn)
+
+
+def check_method(method_cfg: DictConfig) -> Drafter | None:
+    """``prepare_method``'s checks; returns the drafter (not yet set up), if any."""
+    return prepare_method(method_cfg).drafter
 
 
 def eager_because(method_cfg: DictConfig, drafter: Drafter | None) -> str | None:
@@ -144,20 +167,22 @@ def build_engine(
     sampling: Sampling,
     step_breakdown: bool | str = "auto",
     verifier: Verifier | None = None,
+    method: Method | None = None,
 ) -> Engine:
     """The object whose ``generate(prompt_ids, max_new_tokens, generator)`` the runner times.
 
     ``step_breakdown`` switches the loop's per-phase timing (see ``specbench.core.loop``); ``verifier`` is the
-    compiled path's (``specbench.core.compiled``), which a method that cannot take it (``eager_because``) leaves.
+    compiled path's (``specbench.core.compiled``), which a method that cannot take it (``eager_because``) leaves;
+    ``method`` is ``prepare_method(method_cfg)`` where the caller checked the method before loading the model (its
+    drafter is set up here, so it serves this one engine), else prepared here.
     """
-    drafter = check_method(method_cfg)
-    if drafter is None:
+    method = method or prepare_method(method_cfg)
+    if method.drafter is None or method.accept_fn is None:
         assistant = method_cfg.get("assistant")
         kwargs, part = hf_assistant(assistant, lm) if assistant is not None else (None, None)
         generate_kwargs = dict(method_cfg.get("generate_kwargs") or {})
         return HFGenerate(lm.model, lm.eos_ids, sampling, generate_kwargs, kwargs, [part] if part else None)
-    accept_fn = acceptance_rule(method_cfg.get("acceptance", "match"), method_cfg.get("acceptance_kwargs"))
-    drafter.setup(lm.model, lm.tokenizer)
-    if eager_because(method_cfg, drafter) is not None:
+    method.drafter.setup(lm.model, lm.tokenizer)
+    if eager_because(method_cfg, method.drafter) is not None:
         verifier = None
-    return Decoder(lm.model, drafter, lm.eos_ids, sampling, accept_fn, step_breakdown, verifier)
+    return Decoder(lm.model, method.drafter, lm.eos_ids, sampling, method.accept_fn, step_breakdown, verifier)

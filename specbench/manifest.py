@@ -26,6 +26,11 @@ TRAINING_FILE = "training.json"
 """The training record a trainer writes beside its part (settings, data, loss curve, accuracy)."""
 
 
+def digest(obj) -> str:
+    """A short sha256 of a JSON-serializable object (settings, token lists, search keys), stable across runs."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def files_digest(folder: Path, names: list[str]) -> str:
     """sha256 (16 hex digits) over the named files' bytes, in order: the identity of trained weights."""
     digest = hashlib.sha256()

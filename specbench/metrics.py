@@ -72,6 +72,9 @@ def aggregate(records: Iterable[dict]) -> dict:
     tokens_per_step = _ratio(step_tokens, steps)
     return {
         "n_records": len(records),
+        "prompt_tokens_mean": _ratio(sum(r["prompt_tokens"] or 0 for r in records), len(records))
+        if all(r["prompt_tokens"] is not None for r in records)
+        else None,
         "new_tokens": new,
         "wall_s": wall,
         "prefill_s": sum(r["prefill_s"] for r in records),
@@ -236,7 +239,10 @@ def drafting_metrics(records: list[dict]) -> dict:
       outputs (every step K + 1 tokens, the last one what is left: (n - 1) / ceil((n - 1) / (K + 1)) summed).
     """
     traced = [r for r in records if r.get("accept_lengths")]
-    steps = [(length, drafted, depth) for r in traced for length, drafted, depth in step_depths(r)]
+    steps = [
+        (1 + accepted, drafted, drafted if depth is None else depth)
+        for accepted, drafted, depth, _ in step_traces(traced)
+    ]
     if not steps:
         return dict.fromkeys(DRAFTING_METRICS)
     drafting = [length for length, drafted, _ in steps if drafted]
@@ -255,12 +261,6 @@ def drafting_metrics(records: list[dict]) -> dict:
         "oracle_share": per_step / oracle,
         "draft_length_bound": _ratio(sum(emitted), sum(-(-n // (deepest + 1)) for n in emitted)),
     }
-
-
-def step_depths(record: dict) -> list[tuple[int, int, int]]:
-    """Each step of a traced record as (tokens emitted, drafted nodes, draft depth: traced, else the drafted nodes)."""
-    depths = record.get("draft_depth") or record["draft_tokens"]
-    return list(zip(record["accept_lengths"], record["draft_tokens"], depths, strict=True))
 
 
 def reach(drafted: int, depth: int | None) -> float:

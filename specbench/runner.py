@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
@@ -33,7 +34,7 @@ from specbench.core.loop import STEP_BREAKDOWN_SETTINGS, Engine, Generation, syn
 from specbench.core.verify import warm_up_verify
 from specbench.data.base import Dataset, Sample, build_dataset
 from specbench.energy import joules_between, open_meter
-from specbench.engines import build_engine, check_method, eager_because
+from specbench.engines import build_engine, eager_because, prepare_method
 from specbench.errors import ConfigError, DataError, RunConflict
 from specbench.metrics import machine_seconds, run_summary
 from specbench.models.loading import (
@@ -46,7 +47,7 @@ from specbench.models.loading import (
 )
 from specbench.models.parts import method_input_nodes, part_nodes
 from specbench.profile import cached_curves
-from specbench.schema import PHASES, SCHEMA_VERSION
+from specbench.schema import SCHEMA_VERSION, STEP_FIELDS
 from specbench.settings import setting_problems
 from specbench.store import RunStore
 from specbench.vllm_engine import VLLMEngine, counterpart, differences, start_vllm
@@ -223,6 +224,7 @@ def config_digest(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> 
     if identity.get("budget") is None:  # the method's default: digests as before budgets existed
         identity.pop("budget", None)
     identity["method"].pop(KNOB_NODE, None)  # which key budget= sets: not a setting of the run
+    sampling_where_stored(identity)
     drafter = identity["method"].get("drafter") or {}
     for key, older in (identity["method"].pop(LATER_KEYS_NODE, None) or {}).items():
         if key in drafter and drafter[key] == older:
@@ -235,6 +237,15 @@ def config_digest(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> 
         identity["method"].pop("vllm", None)
     identity.update(device=device.type, dtype=str(dtype))
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def sampling_where_stored(identity: dict) -> None:
+    """Put the run's ``temperature`` and ``top_p`` back into the node of a drafter that draws its drafts from them
+    (``Drafter.reads_sampling``): runs stored before the decode context carried the sampling had them there (the
+    method configs interpolated them), so every stored digest stays valid."""
+    drafter = identity["method"].get("drafter")
+    if drafter and get_class(drafter["_target_"]).reads_sampling:
+        drafter.update(temperature=identity["temperature"], top_p=identity["top_p"])
 
 
 HF_ENGINE_KEYS = ("engine", "batch_size", "concurrency")
@@ -264,6 +275,11 @@ def prompt_sha(prompt_ids: list[int]) -> str:
 def rounded(seconds: list[float] | None) -> list[float] | None:
     """Per-step times to the microsecond (None stays None: not measured)."""
     return None if seconds is None else [round(s, 6) for s in seconds]
+
+
+def step_record(gen: Generation) -> dict[str, list | None]:
+    """The generation's per-step traces as record fields of the same names (times to the microsecond)."""
+    return {name: rounded(getattr(gen, name)) if name.endswith("_s") else getattr(gen, name) for name in STEP_FIELDS}
 
 
 def sample_generator(seed: int, sample_id: str) -> torch.Generator:
@@ -315,12 +331,12 @@ class Runner:
         self.budget = given_record(cfg)
         if self.budget is not None:
             cfg = with_budget(cfg, self.budget["value"])
-        drafter = check_method(cfg.method)  # the drafter's knobs, before any model loads
+        self.method = prepare_method(cfg.method)  # the drafter's knobs and the acceptance rule, before any model loads
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         self.compile = loop_compiles(cfg.compile, cfg.engine.name, self.device.type)
-        self.eager_because = eager_because(cfg.method, drafter) if self.compile else None
+        self.eager_because = eager_because(cfg.method, self.method.drafter) if self.compile else None
         self.verifier: CompiledVerifier | None = None  # the compiled path's, once the model is loaded
         self.sampling = Sampling(cfg.temperature, cfg.top_p)
         self.store = RunStore(Path(cfg.output_dir), config_digest(cfg, self.device, self.dtype), cfg.force)
@@ -405,13 +421,12 @@ class Runner:
         )
         self.budget = record
         self.cfg = with_budget(self.cfg, record["value"])
+        self.method = prepare_method(self.cfg.method)  # the drafter at the chosen size
 
     def start_engine(self, first: Sample | None) -> None:
-        """Warm up on ``first`` (if any) with a throwaway engine, then build the measured engine.
-
-        NOTE: the warm-up runs on its own engine, so drafters that learn across requests (tries,
-        context caches) start the timed run without the warm-up's output in their memory.
-        """
+        """Build the measured engine once (its drafter the one checked when the run opened), warm it up on ``first``
+        (if any), then make it forget what the warm-up taught it (``Engine.forget``) and replay the finished
+        samples."""
         if self.cfg.engine.name == "vllm":
             self._start_vllm(first)
             return
@@ -420,17 +435,19 @@ class Runner:
             self.verifier = compiled_verifier(self.lm.model)
             if first is not None:
                 self._compile(first)
+        self.engine = build_engine(
+            self.cfg.method, self.lm, self.sampling, self.cfg.step_breakdown, self.verifier, self.method
+        )
         if first is not None and self.cfg.warmup:
             with torch.inference_mode():
                 warm_up_verify(self.lm.model)
-            engine = build_engine(self.cfg.method, self.lm, self.sampling, self.cfg.step_breakdown, self.verifier)
             prompt_ids = self._prompt(first, [])
             for _ in range(self.cfg.warmup):
                 with torch.inference_mode():
-                    engine.generate(
+                    self.engine.generate(
                         prompt_ids, self.cfg.max_new_tokens, sample_generator(self.cfg.seed, first.sample_id)
                     )
-        self.engine = build_engine(self.cfg.method, self.lm, self.sampling, self.cfg.step_breakdown, self.verifier)
+            self.engine.forget()
         self.compile_record["compiled"] = self.engine.compiled  # what runs, as the engine says
         self._check_parts(self.engine.artefacts())
         if first is not None:
@@ -440,7 +457,7 @@ class Runner:
         """Resuming: the measured engine goes through the finished samples' generations in run order, untimed, before
         the first pending one (``Engine.replay``), so what a drafter keeps across requests (a global suffix tree, a
         successor matrix, an output trie) is what it would be had the run not stopped, and the resumed samples record
-        the steps an uninterrupted run records. The warm-up runs on a throwaway engine, so it leaves no trace."""
+        the steps an uninterrupted run records. The warm-up leaves no trace: the engine forgot it."""
         assert self.engine is not None and self.lm is not None  # built by start_engine, loaded by open()
         turns: dict[str, list[dict]] = {}
         for record in self.store.records:  # in the order they were written
@@ -500,7 +517,7 @@ class Runner:
         self._check_parts(engine.artefacts())
         if first is not None:
             self._replay_finished()
-            engine.reset_prefix_cache()  # the warm-up's and replayed prompts: no cache hit for a measured prefill
+            engine.forget()  # the warm-up's and replayed prompts: no cache hit for a measured prefill
 
     def _traffic(self) -> dict | None:
         """The summary's ``memory_traffic``: the bytes a batch-1 forward of the loaded target reads and this device's
@@ -695,12 +712,7 @@ class Runner:
             "batch_wall_s": wall,
             "prefill_s": gen.prefill_s,
             "target_forwards": gen.target_forwards,
-            "accept_lengths": gen.accept_lengths,
-            "draft_tokens": gen.draft_tokens,
-            "draft_depth": gen.draft_depth,
-            "verify_tokens": gen.verify_tokens,
-            "side_branch": gen.side_branch,
-            **{f"{key}_s": rounded(getattr(gen, f"{key}_s")) for key in ("step", *PHASES)},
+            **step_record(gen),
             "energy_j": None if energy is None else energy / size,
             "stop_reason": gen.stop_reason,
             "measuring_session": environment.measuring_session(),

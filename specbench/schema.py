@@ -15,13 +15,75 @@ sample id and turn alone; a null session pairs with nothing in the reproduction'
 
 from __future__ import annotations
 
-from typing import TypeGuard
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeGuard
 
 SCHEMA_VERSION = "specbench.samples/7"
 SUMMARY_VERSION = "specbench.summary/1"
 
 PHASES = ("draft", "verify", "accept", "update")
 """The step breakdown's phases, in step order (record fields ``<phase>_s``)."""
+
+
+def step_field(items: str, doc: str, traced_with: tuple[str, ...] = ()) -> Any:
+    """One per-step trace of ``StepLists``: its items' kind (FIELD_TYPES' ``list of <items>``), its schema doc and
+    the traces measured with it (the metrics read them together, so it is never null without them)."""
+    return field(default=None, metadata={"kind": f"optional list of {items}", "doc": doc, "traced_with": traced_with})
+
+
+@dataclass(kw_only=True)
+class StepLists:
+    """The per-step traces of one generation, declared once: the loop's ``Generation`` holds them, the runner writes
+    them as record fields of the same names, and SAMPLE_FIELDS, FIELD_TYPES, STEP_FIELDS and TRACED_WITH derive from
+    them. Each is one entry per target forward after the prefill, or None (not measured)."""
+
+    accept_lengths: list[int] | None = step_field(
+        "integers", "tokens emitted per step, bonus/correction included (null for hf_generate)", ("draft_tokens",)
+    )
+    draft_tokens: list[int] | None = step_field(
+        "integers", "drafted nodes verified per step, root excluded (null for hf_generate)"
+    )
+    draft_depth: list[int] | None = step_field(
+        "integers",
+        "depth of the verified draft tree per step, after pruning to the budget; 0 when nothing was drafted (null for "
+        "hf_generate)",
+    )
+    verify_tokens: list[int] | None = step_field(
+        "integers",
+        "rows of each step's verify forward: the root, the drafted nodes and any aux rows (LADE's lookahead window); "
+        "what the latency curve prices (null for hf_generate)",
+    )
+    side_branch: list[bool] | None = step_field(
+        "booleans",
+        "per step, whether the accepted path used a child other than its parent's first-listed (top-ranked) one (null "
+        "for hf_generate)",
+    )
+    step_s: list[float] | None = step_field(
+        "numbers", "wall time per step, device synchronized at its end (null for hf_generate)"
+    )
+    draft_s: list[float] | None = step_field(
+        "numbers",
+        "step breakdown (null unless step_breakdown is on; auto = on for CPU): time per step in drafter.propose and "
+        "in laying the tree out for the forward (tokens, positions, mask)",
+        ("step_s", "verify_s", "accept_s", "update_s"),
+    )
+    verify_s: list[float] | None = step_field(
+        "numbers",
+        "step breakdown: time per step in the target verify forward; step_s - verify_s is the method's overhead "
+        "(drafting, acceptance, cache bookkeeping). Always present in specbench.samples/1 records (then null only "
+        "for hf_generate)",
+        ("step_s",),
+    )
+    accept_s: list[float] | None = step_field(
+        "numbers", "step breakdown: time per step in the acceptance rule and the KV-cache compaction", ("draft_s",)
+    )
+    update_s: list[float] | None = step_field(
+        "numbers",
+        "step breakdown: time per step in drafter.observe (pools, tries, draft caches) and in freeing the step's "
+        "trees and logits",
+        ("draft_s",),
+    )
+
 
 SAMPLE_FIELDS: dict[str, str] = {
     "schema": "SCHEMA_VERSION of the writer",
@@ -45,23 +107,7 @@ SAMPLE_FIELDS: dict[str, str] = {
     "share of the machine's time is batch_wall_s / batch_size (specbench.metrics.machine_seconds)",
     "prefill_s": "wall time of the prefill forward (it emits the first token)",
     "target_forwards": "target forwards after the prefill (= decoding steps)",
-    "accept_lengths": "tokens emitted per step, bonus/correction included (null for hf_generate)",
-    "draft_tokens": "drafted nodes verified per step, root excluded (null for hf_generate)",
-    "draft_depth": "depth of the verified draft tree per step, after pruning to the budget; 0 when nothing was "
-    "drafted (null for hf_generate)",
-    "verify_tokens": "rows of each step's verify forward: the root, the drafted nodes and any aux rows (LADE's "
-    "lookahead window); what the latency curve prices (null for hf_generate)",
-    "side_branch": "per step, whether the accepted path used a child other than its parent's first-listed "
-    "(top-ranked) one (null for hf_generate)",
-    "step_s": "wall time per step, device synchronized at its end (null for hf_generate)",
-    "draft_s": "step breakdown (null unless step_breakdown is on; auto = on for CPU): time per step in "
-    "drafter.propose and in laying the tree out for the forward (tokens, positions, mask)",
-    "verify_s": "step breakdown: time per step in the target verify forward; step_s - verify_s is the "
-    "method's overhead (drafting, acceptance, cache bookkeeping). Always present in "
-    "specbench.samples/1 records (then null only for hf_generate)",
-    "accept_s": "step breakdown: time per step in the acceptance rule and the KV-cache compaction",
-    "update_s": "step breakdown: time per step in drafter.observe (pools, tries, draft caches) and in "
-    "freeing the step's trees and logits",
+    **{step.name: step.metadata["doc"] for step in fields(StepLists)},
     "energy_j": "joules the energy counter read over the generation (NVML on GPU, RAPL on CPU; in a batch, the "
     "batch's joules over its size), null where none is readable (the summary's environment.energy says why)",
     "stop_reason": "'eos' or 'max_new_tokens'",
@@ -149,8 +195,6 @@ ADDED_FIELDS = {schema: (*fields, *SESSION_FIELDS) for schema, fields in ADDED_F
 """Per readable older schema: the SAMPLE_FIELDS its records lack (null when read)."""
 
 
-NUMBER_LISTS = ("step_s", "draft_s", "verify_s", "accept_s", "update_s")
-INTEGER_LISTS = ("accept_lengths", "draft_tokens", "draft_depth", "verify_tokens", "output_ids")
 FIELD_TYPES: dict[str, str] = {
     "sample_id": "string",
     "turn": "count",
@@ -164,9 +208,8 @@ FIELD_TYPES: dict[str, str] = {
     "energy_j": "optional number",
     "output_text": "optional string",
     "measuring_session": "optional string",
-    "side_branch": "optional list of booleans",
-    **dict.fromkeys(NUMBER_LISTS, "optional list of numbers"),
-    **dict.fromkeys(INTEGER_LISTS, "optional list of integers"),
+    "output_ids": "optional list of integers",
+    **{step.name: step.metadata["kind"] for step in fields(StepLists)},
 }
 """The type of every field the metrics read: a record that breaks one is refused, naming the field."""
 
@@ -222,17 +265,9 @@ def validate_record(record: dict) -> None:
         raise ValueError(f"record's per-step fields disagree: {'; '.join(disagreeing)}")
 
 
-STEP_FIELDS = tuple(
-    name for name, kind in FIELD_TYPES.items() if kind.startswith("optional list") and name != "output_ids"
-)
+STEP_FIELDS = tuple(step.name for step in fields(StepLists))
 """The per-step traces: each one that is not null holds one entry per step."""
-TRACED_WITH = {
-    "verify_s": ("step_s",),
-    "draft_s": ("step_s", "verify_s", "accept_s", "update_s"),
-    "accept_s": ("draft_s",),
-    "update_s": ("draft_s",),
-    "accept_lengths": ("draft_tokens",),
-}
+TRACED_WITH = {step.name: step.metadata["traced_with"] for step in fields(StepLists) if step.metadata["traced_with"]}
 """A per-step trace -> the traces the metrics read beside it (measured together, so never null without it)."""
 
 

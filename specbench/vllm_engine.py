@@ -33,6 +33,7 @@ from specbench.environment import dtype_name
 from specbench.errors import ConfigError, ModelUnavailable
 from specbench.models.draft import draft_location
 from specbench.models.loading import checkpoint_path
+from specbench.models.medusa_heads import vllm_checkpoint
 from specbench.paths import workspace
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
@@ -86,19 +87,24 @@ def speculative_config(method_cfg: DictConfig, model_cfg: DictConfig) -> tuple[d
     """vLLM's ``speculative_config`` for the method (None: no speculation, AR) and the parts it loads.
 
     A ``model`` entry that is a ``model.draft`` node (SpeDe's draft) becomes the draft's folder or Hub id, found as
-    the shared loop finds it.
+    the shared loop finds it; under ``method: medusa`` it is a ``model.medusa`` node, whose heads are written once in
+    the layout vLLM loads (``medusa_heads.vllm_checkpoint``).
     """
     node = counterpart(method_cfg).get("speculative_config")
     if node is None:
         return None, []
     spec = OmegaConf.to_container(node, resolve=True)
     assert isinstance(spec, dict)  # a mapping node converts to a dict
-    draft = spec.get("model")
-    if isinstance(draft, dict):
-        location, part = draft_location(OmegaConf.create(draft), model_cfg.name, checkpoint_path(model_cfg))
-        spec["model"] = location
-        return spec, [part]
-    return spec, []
+    node = spec.get("model")
+    if not isinstance(node, dict):
+        return spec, []
+    target = checkpoint_path(model_cfg)
+    if spec["method"] == "medusa":
+        location, part = vllm_checkpoint(OmegaConf.create(node), model_cfg.name, target, model_cfg.get("revision"))
+    else:
+        location, part = draft_location(OmegaConf.create(node), model_cfg.name, target)
+    spec["model"] = location
+    return spec, [part]
 
 
 def engine_args(cfg: DictConfig, context_length: int) -> tuple[dict, list[str]]:
@@ -307,9 +313,10 @@ class VLLMEngine:
         )
         return [generation_of(result) for result in reply["results"]]
 
-    def reset_prefix_cache(self) -> None:
-        """Forget the prompts seen so far (vLLM reuses their KV rows otherwise: a warm-up would speed up the first
-        measured prefill)."""
+    def forget(self) -> None:
+        """Empty vLLM's prefix cache: the prompts seen so far (vLLM reuses their KV rows otherwise: a warm-up would
+        speed up the first measured prefill). vLLM's global suffix tree cannot be emptied: the runner gives a
+        counterpart that learns across requests no warm-up instead."""
         self._ask({"op": "reset"})
 
     def replay(

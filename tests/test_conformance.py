@@ -70,7 +70,22 @@ def test_every_method_is_covered():
     """Each method config gets the checks that apply to it; every method at least builds, bounds and stops."""
     for name in conformance.methods():
         applicable = [check for check in conformance.CHECKS if conformance.not_applicable(name, check) is None]
-        assert {"builds", "budget", "eos", "resume"} <= set(applicable), name
+        assert {"builds", "budget", "eos", "forget", "resume"} <= set(applicable), name
+
+
+@pytest.mark.parametrize("method", ["token_recycling", "suffix_decoding"])
+def test_a_drafter_that_keeps_its_memory_through_forget_fails_the_forget_check(monkeypatch, method):
+    """Negative control: a drafter whose ``forget`` leaves what it learned across requests (Token Recycling's matrix,
+    SuffixDecoding's global tree) starts the next generation from it, and the check names what changed."""
+    from specbench.drafters.suffix_decoding import SuffixDecoding
+    from specbench.drafters.token_recycling import TokenRecycling
+
+    drafter = {"token_recycling": TokenRecycling, "suffix_decoding": SuffixDecoding}[method]
+    monkeypatch.setattr(drafter, "forget", lambda self: None)
+    if method == "suffix_decoding":  # setup builds its trees through forget: keep that, skip only the runner's call
+        monkeypatch.setattr(drafter, "setup", lambda self, target, tokenizer: self._new_run())
+    result = conformance.run_check(method, "forget")
+    assert result.passed is False and "after forget" in result.detail, result.detail
 
 
 def accept_first_branch(tree, logits, sampling, generator=None):

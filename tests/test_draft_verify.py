@@ -1,16 +1,19 @@
-"""Draft&Verify: layer skipping, the adaptive threshold, the Bayesian search, greedy == AR, the cached search."""
+"""Draft&Verify: layer skipping, the adaptive threshold, the Bayesian search, greedy == AR, the searched set."""
 
 import json
 
 import pytest
 import torch
 
+from specbench.config import compose_config
 from specbench.core.acceptance import Sampling
 from specbench.core.verify import new_cache, prefill
 from specbench.drafters.draft_verify import DraftVerify, SearchSettings, skip_set_from
-from specbench.errors import ConfigError
+from specbench.engines import check_method
+from specbench.errors import ConfigError, ModelUnavailable
 from specbench.models.layer_skip import LayerSkip, SkipSet
 from specbench.structures.bayes_opt import BinarySearch, maximise
+from specbench.train import layer_skip
 from tests.test_anpd_pld import decode, embedded_multi_token_steps, repetitive_prompt
 from tests.test_loop import ar_greedy
 
@@ -112,7 +115,7 @@ def test_nothing_skipped_drafts_the_target_itself_and_every_draft_is_accepted(ti
 
 
 def test_sampled_drafts_carry_the_law_they_were_drawn_from(tiny):
-    drafter = DraftVerify(layers=GIVEN, temperature=0.7, top_p=0.9)
+    drafter = DraftVerify(layers=GIVEN)
     drafter.setup(tiny, None)
     trees = []
     propose = drafter.propose
@@ -197,20 +200,39 @@ def test_the_search_stops_when_told_and_needs_one_point():
         maximise(lambda bits: 1.0, BinarySearch(4), iterations=0)
 
 
-def test_a_searched_set_is_cached_and_reused(embedded, training_cache, shared_data, monkeypatch):
-    settings = search_node(data_dir=str(shared_data), iterations=1, max_new_tokens=4)
-    first = DraftVerify(layers=None, search=settings, target_name="smollm2_135m")
-    first.setup(embedded.model, embedded.tokenizer)
-    files = list((training_cache / "layer_skip").glob("smollm2_135m-*.json"))
-    assert len(files) == 1
-    record = json.loads(files[0].read_text())
+SEARCH_OVERRIDES = [
+    "method.drafter.search.prompts=2",
+    "method.drafter.search.max_new_tokens=4",
+    "method.drafter.search.iterations=1",
+    "method.drafter.search.max_minutes=null",
+]
+
+
+def test_the_layer_skip_trainer_searches_once_and_runs_read_its_set(embedded, training_cache, shared_data, monkeypatch):
+    """Without a given set a run refuses, naming the trainer; the trainer searches (two starting points and one
+    proposal) and stores the set where a run of the same method settings finds it; a second search keeps it; other
+    drafting knobs are another setting, not searched yet."""
+    overrides = ["model=smollm2_135m", f"data_dir={shared_data}", "device=cpu", "dtype=float32", *SEARCH_OVERRIDES]
+    run_method = compose_config(*overrides, "method=draft_verify").method
+    with pytest.raises(ModelUnavailable, match="python -m specbench.train layer_skip model=smollm2_135m"):
+        check_method(run_method).setup(embedded.model, embedded.tokenizer)
+    path = layer_skip.main([*overrides, "progress=false"])
+    assert path is not None
+    record = json.loads(path.read_text())
     assert len(record["history"]) == 3  # two starting points, one proposal
     assert record["best_score"] == max(point["tokens_per_s"] for point in record["history"])
-    assert first.skipper is not None and first.skipper.skip.as_dict() == record["best"]
-    written = files[0].stat().st_mtime_ns
-    monkeypatch.setattr(DraftVerify, "search", lambda *args: pytest.fail("searched again"))
-    again = DraftVerify(layers=None, search=settings, target_name="smollm2_135m")
-    again.setup(embedded.model, embedded.tokenizer)  # read, not searched: the file is untouched
-    assert again.skipper is not None and again.skipper.skip == first.skipper.skip
-    assert again.stats()["layer_search"]["points"] == 3 and files[0].stat().st_mtime_ns == written
-    assert again.artefacts() == first.artefacts() and again.artefacts()[0].startswith("layer_skip:")
+    drafter = check_method(run_method)
+    drafter.setup(embedded.model, embedded.tokenizer)
+    assert drafter.skipper is not None and drafter.skipper.skip.as_dict() == record["best"]
+    assert drafter.stats()["layer_search"]["points"] == 3 and drafter.artefacts()[0].startswith("layer_skip:")
+    written = path.stat().st_mtime_ns
+    monkeypatch.setattr(layer_skip, "search", lambda *args: pytest.fail("searched again"))
+    assert layer_skip.main([*overrides, "progress=false"]) == path and path.stat().st_mtime_ns == written
+    other = check_method(compose_config(*overrides, "method=draft_verify", "method.drafter.max_draft=4").method)
+    with pytest.raises(ModelUnavailable, match="No searched Draft&Verify skipped set"):
+        other.setup(embedded.model, embedded.tokenizer)
+
+
+def test_the_layer_skip_trainer_refuses_a_method_without_a_search():
+    with pytest.raises(ConfigError, match="searches no skipped set"):
+        layer_skip.main(["method=pld"])

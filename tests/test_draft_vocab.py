@@ -179,13 +179,10 @@ SAMPLED = {  # drafters that draw their drafts from q at T > 0: q is the softmax
         shape="paths",
         nodes=None,
         paths=[[0], [0, 0]],
-        temperature=TEMP,
         target_name="tiny",
         draft_vocab=1,
     ),
-    "spede": lambda: SpeDe(
-        num_assistant_tokens=3, draft=OmegaConf.create(SELF), temperature=TEMP, target_name="tiny", draft_vocab=1
-    ),
+    "spede": lambda: SpeDe(num_assistant_tokens=3, draft=OmegaConf.create(SELF), target_name="tiny", draft_vocab=1),
 }
 
 

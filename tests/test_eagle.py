@@ -584,22 +584,20 @@ def keep_token(weights, mass, token):
 
 
 SAMPLED = {  # name -> (drafter, acceptance rule, negative control)
-    "eagle_sampled": (lambda h: Eagle(head=h, shape="binary", nodes=6, temperature=TEMP), "speculative", "draws"),
+    "eagle_sampled": (lambda h: Eagle(head=h, shape="binary", nodes=6), "speculative", "draws"),
     "eagle2": (
-        lambda h: Eagle2(head=h, top_k=2, depth=2, total_tokens=6, temperature=TEMP),
+        lambda h: Eagle2(head=h, top_k=2, depth=2, total_tokens=6),
         "speculative",
         "keep_token",
     ),
     "eagle3": (  # the one-layer target: fuse embeddings, embeddings, last
-        lambda h: Eagle3(
-            head=OmegaConf.merge(h, {"layers": [0, 0, 1]}), top_k=2, depth=2, total_tokens=6, temperature=TEMP
-        ),
+        lambda h: Eagle3(head=OmegaConf.merge(h, {"layers": [0, 0, 1]}), top_k=2, depth=2, total_tokens=6),
         "speculative",
         "keep_token",
     ),
-    "opt_tree_eagle": (lambda h: EagleOptTree(head=h, nodes=4, threshold=0.0, temperature=TEMP), "match", None),
+    "opt_tree_eagle": (lambda h: EagleOptTree(head=h, nodes=4, threshold=0.0), "match", None),
     "opt_tree_eagle_speculative": (
-        lambda h: EagleOptTree(head=h, nodes=4, threshold=0.0, temperature=TEMP),
+        lambda h: EagleOptTree(head=h, nodes=4, threshold=0.0),
         "speculative",
         "keep_token",
     ),

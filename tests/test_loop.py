@@ -11,6 +11,8 @@ from specbench.core.loop import Decoder, clip_emitted
 from specbench.core.tree import AuxBlock, DraftTree
 from specbench.drafters.ar import NoDraft
 from specbench.errors import ConfigError
+from specbench.runner import step_record
+from specbench.schema import STEP_FIELDS, step_problems
 from tests.helpers import exact_joint, pearson_statistic, sampled_outputs
 
 
@@ -102,6 +104,25 @@ def test_the_loop_traces_tree_depth_and_side_branches(tiny):
     assert gen.side_branch == [True, True, True, True]
     chain = ar_greedy(tiny, prompt, 5)
     assert chain.draft_depth == [0] * 4 and chain.side_branch == [False] * 4 and chain.verify_tokens == [1] * 4
+
+
+@pytest.mark.parametrize("breakdown", [True, False])
+def test_the_loop_fills_every_declared_step_trace_one_entry_per_step(tiny, breakdown):
+    """The step record is declared once (schema.StepLists): the loop fills each trace (the phases only with the step
+    breakdown on) with one entry per target forward, and the runner writes them under the same names."""
+    prompt = [2, 7, 1, 8]
+    truth = ar_greedy(tiny, prompt, 20).output_ids
+    with torch.inference_mode():
+        decoder = Decoder(tiny, RandomTreeDrafter(truth, 97, 2), frozenset(), Sampling(), step_breakdown=breakdown)
+        gen = decoder.generate(prompt, 20)
+    record = step_record(gen)
+    assert list(record) == list(STEP_FIELDS)
+    measured = {name for name, values in record.items() if values is not None}
+    phases = {"draft_s", "verify_s", "accept_s", "update_s"}
+    assert measured == (set(STEP_FIELDS) if breakdown else set(STEP_FIELDS) - phases)
+    assert {len(record[name]) for name in measured} == {gen.target_forwards}
+    facts = {"output_ids": gen.output_ids, "new_tokens": len(gen.output_ids), "target_forwards": gen.target_forwards}
+    assert step_problems({**record, **facts}) == []
 
 
 def test_eos_stops_inside_a_multi_token_step(tiny):

@@ -7,6 +7,7 @@ import itertools
 import json
 import random
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,9 +21,13 @@ from specbench.errors import ConfigError, ModelUnavailable
 from specbench.models.medusa_heads import (
     MedusaHeads,
     checkpoint_layout,
+    heads_from_state,
     load_heads,
     random_heads,
+    random_state,
     save_heads,
+    vllm_checkpoint,
+    vllm_state,
 )
 from specbench.models.parts import part_kind
 from specbench.structures.medusa_tree import (
@@ -270,6 +275,9 @@ def test_tree_settings():
         tree_paths(OmegaConf.create({"kind": "choices", "choices": "mc_sim_7b_64"}), None, 2)
     with pytest.raises(ConfigError, match="list rank paths"):
         tree_paths(OmegaConf.create({"kind": "choices", "choices": None}), None, 2)
+    chain = tree_paths(OmegaConf.create({"kind": "chain"}), None, 3)
+    assert chain == ([(0,), (0, 0), (0, 0, 0)], "chain")  # each head's top-1 token: what vLLM's Medusa drafts
+    assert tree_paths(OmegaConf.create({"kind": "chain", "max_depth": 2}), None, 3)[0] == [(0,), (0, 0)]
     with pytest.raises(ConfigError, match="kind"):
         tree_paths(OmegaConf.create({"kind": "bushy"}), None, 2)
     with pytest.raises(ConfigError, match="max_depth"):
@@ -486,3 +494,52 @@ def test_train_medusa_end_to_end_tiny(training_cache, shared_data):
     assert drafter.stats()["tree"] == "sparse" and drafter.stats()["tree_nodes"] == 6
     prompt = [1, 2, 3, 4]
     assert decode(lm.model, drafter, prompt, 12).output_ids == ar_greedy(lm.model, prompt, 12).output_ids
+
+
+def vllm_forward(state: dict[str, torch.Tensor], hidden: torch.Tensor, head: int, layers: int) -> torch.Tensor:
+    """Head ``head``'s logits computed from vLLM's names as vLLM's Medusa model reads them (residual SiLU blocks with
+    biases, then its LM head; one shared LM head under ``original_lm_head``)."""
+    for layer in range(layers):
+        weight, bias = state[f"blocks.{head}.layers.{layer}.weight"], state[f"blocks.{head}.layers.{layer}.bias"]
+        hidden = hidden + torch.nn.functional.silu(hidden @ weight.T + bias)
+    lm_head = state.get(f"lm_heads.{head}.weight", state["lm_heads.0.weight"])
+    return hidden @ lm_head.T
+
+
+@pytest.mark.parametrize("own_output", [False, True])
+def test_heads_in_vllms_layout_compute_what_the_loops_heads_compute(tiny, own_output):
+    """Renamed for vLLM (biases kept, the shared LM head carried once), every head gives the loop's logits."""
+    hidden_size = tiny.config.hidden_size
+    state = random_state(hidden_size, 3, 2, seed=1)
+    lm_head = tiny.get_output_embeddings().weight.detach()
+    if own_output:  # heads with their own output layers (FasterDecoding's medusa-1 checkpoints)
+        state.update({f"{k}.2.weight": lm_head.clone() + 0.01 * k for k in range(3)})
+    renamed = vllm_state(state, None if own_output else lm_head)
+    assert len(renamed) == len(state) + (0 if own_output else 1)
+    heads = heads_from_state(state, tiny)
+    hidden = torch.randn(5, hidden_size, generator=torch.Generator().manual_seed(0))
+    expected = heads(hidden)  # [3, 5, vocab]
+    for k in range(3):
+        torch.testing.assert_close(vllm_forward(renamed, hidden, k, 2), expected[k])
+
+
+def test_vllm_checkpoint_is_written_once_with_the_config_vllm_reads(embedded, training_cache):
+    """Random heads on the embedded model: config.json with the layout and the flags vLLM needs, the weights, the
+    part named as the loop names it; a second call reuses the folder."""
+    from safetensors.torch import load_file
+
+    from specbench.models.embedded import embedded_checkpoint
+
+    node = OmegaConf.create({"source": "random", "num_heads": 3, "seed": 0})
+    folder, part = vllm_checkpoint(node, "smollm2_135m", str(embedded_checkpoint()), None)
+    assert folder.startswith(str(training_cache / "vllm" / "medusa"))
+    config = json.loads((Path(folder) / "config.json").read_text())
+    assert config["model_type"] == "medusa" and (config["num_heads"], config["num_hidden_layers"]) == (3, 1)
+    assert config["medusa_fc_bias"] is True and config["original_lm_head"] is True
+    assert (config["hidden_size"], config["vocab_size"]) == (576, 49152)
+    weights = load_file(f"{folder}/model.safetensors")
+    torch.testing.assert_close(weights["lm_heads.0.weight"], embedded.model.get_output_embeddings().weight)
+    assert part == load_heads(node, embedded.model, "smollm2_135m").part == "medusa:random(seed=0)"
+    written = (training_cache / "vllm" / "medusa").stat().st_mtime_ns
+    assert vllm_checkpoint(node, "smollm2_135m", str(embedded_checkpoint()), None) == (folder, part)
+    assert (training_cache / "vllm" / "medusa").stat().st_mtime_ns == written

@@ -201,9 +201,9 @@ def test_fixed_tree_children_are_the_drafts_top_k():
 
 TEMP = 0.5  # far from 1, so a draft distribution recorded without the warping would bias the output
 SAMPLED = {
-    "spede": (lambda d: SpeDe(num_assistant_tokens=3, schedule="constant", draft=d, temperature=TEMP), "speculative"),
+    "spede": (lambda d: SpeDe(num_assistant_tokens=3, schedule="constant", draft=d), "speculative"),
     "binary_sampled": (
-        lambda d: FixedTree(shape="binary", nodes=6, sample_children=True, draft=d, temperature=TEMP),
+        lambda d: FixedTree(shape="binary", nodes=6, sample_children=True, draft=d),
         "speculative",
     ),
 }

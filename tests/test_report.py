@@ -393,6 +393,15 @@ def test_latency_view_reads_percentiles_in_ms(capsys):
     assert row.split()[-4:-1] == ["100.00", "100.00", "100.00"]  # every AR step takes 0.1 s
 
 
+def test_length_view_and_figure(tmp_path, capsys):
+    """Each run at its mean prompt length with its speedup and step split; --plot draws them against the length."""
+    figure = tmp_path / "length.png"
+    cli.main([str(RUNS / "ar_humaneval"), str(RUNS / "fake_humaneval"), "--view", "length", "--plot", str(figure)])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:3] == ["run", "method", "prompt_tok"] and "verify" in lines[0]
+    assert figure.stat().st_size > 0
+
+
 def test_plot_needs_the_acceptance_view(capsys):
     with pytest.raises(SystemExit) as stopped:
         cli.main([str(RUNS), "--plot", "x.png"])

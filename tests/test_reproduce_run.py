@@ -93,6 +93,25 @@ def test_train_needed_runs_only_the_needed_trainers(plan_and_jobs, cache, monkey
     assert train_needed(jobs, plan.results_root) == {} and commands == []
 
 
+def test_a_skipped_set_is_searched_once_per_setting_with_the_jobs_method_overrides(cache, monkeypatch, tmp_path):
+    """Draft&Verify on a model config without a skipped set needs the layer_skip part, keyed by its method's
+    settings: the trainer gets the job's model, method and placement overrides (not its dataset's), once per setting,
+    while a job of it is pending."""
+    plan = replace(load_plan("smoke"), results_root=tmp_path / "experiments")
+    jobs = plan_jobs(plan, ["r2_table1_draft_verify_code"])
+    (search,) = {part for job in jobs for part in parts_of(job)}
+    assert search.node == "layer_skip" and search.model == "smollm2_135m"
+    assert any(override.startswith("method=") for override in search.overrides)
+    assert not any(override.startswith(("dataset", "limit", "model=")) for override in search.overrides)
+    commands = []
+    monkeypatch.setattr(parts_module, "run_child", lambda command, label: commands.append(command[2:]) or 1.0)
+    assert train_needed(jobs, plan.results_root) == {"train layer_skip": 1.0}
+    assert commands == [["specbench.train", "layer_skip", "model=smollm2_135m", *search.overrides]]
+    for job in jobs:
+        store(plan.results_root, job)
+    assert needed_parts(jobs, plan.results_root) == {}  # nothing pending: no search, no model loaded
+
+
 def test_only_experiments_with_a_pending_job_start_a_child(plan_and_jobs, monkeypatch, capsys):
     plan, jobs = plan_and_jobs
     root = plan.results_root / "complete"

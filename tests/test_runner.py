@@ -272,6 +272,31 @@ def test_keys_added_later_keep_stored_digests_at_their_older_value():
     assert config_digest(OmegaConf.merge(later, {"method": {"drafter": {"new_rule": "new"}}}), device, dtype) != before
 
 
+@pytest.mark.parametrize("method", ["spede", "opt_tree", "eagle2", "draft_verify", "pld", "medusa"])
+def test_sampling_taken_out_of_the_method_configs_keeps_every_digest(method, monkeypatch):
+    """Digest migration: the method configs used to interpolate the run's temperature and top_p into the drafter's
+    node (the drafters that draw from them); hashed the old way, that config gives the digest the new one gives, and
+    a drafter that never drew from them gets nothing added."""
+    from omegaconf import OmegaConf, open_dict
+
+    from specbench import runner
+    from specbench.engines import check_method
+
+    device, dtype = torch.device("cpu"), torch.float32
+    cfg = compose_run(*TINY, f"method={method}", "temperature=0.7", "top_p=0.9")
+    reads = type(check_method(cfg.method)).reads_sampling
+    assert reads == (method not in ("pld", "medusa"))
+    new = config_digest(cfg, device, dtype)
+    older = OmegaConf.create(OmegaConf.to_container(cfg))
+    if reads:  # the configs before: drafter.temperature: ${temperature}, drafter.top_p: ${top_p}
+        with open_dict(older):
+            older.method.drafter.temperature = "${temperature}"
+            older.method.drafter.top_p = "${top_p}"
+    monkeypatch.setattr(runner, "sampling_where_stored", lambda identity: None)  # the digest before the migration
+    assert config_digest(older, device, dtype) == new
+    assert (config_digest(cfg, device, dtype) == new) is not reads  # unmigrated, the new config hashes otherwise
+
+
 def test_digest_defaults_name_keys_of_the_drafter():
     """Every method's digest_defaults names a key its drafter node has, at the default the file gives it."""
     from omegaconf import OmegaConf

@@ -12,10 +12,9 @@ from specbench import conformance
 from specbench.config import compose_config
 from specbench.core.acceptance import Sampling
 from specbench.core.loop import Decoder
-from specbench.drafters import opt_tree
 from specbench.drafters.opt_tree import AcceptanceCalibration, FixedTree
-from specbench.engines import build_engine, check_method
-from specbench.errors import ConfigError
+from specbench.engines import build_engine
+from specbench.errors import ConfigError, ModelUnavailable
 from specbench.structures.medusa_tree import path_value
 from specbench.structures.sequoia_tree import (
     checked_acceptance,
@@ -26,6 +25,7 @@ from specbench.structures.sequoia_tree import (
     sequoia_paths,
 )
 from specbench.structures.tree_shapes import TreeShape, fixed_shape, static_paths
+from specbench.train import sequoia
 from tests.conftest import tiny_model
 from tests.test_loop import ar_greedy
 
@@ -171,19 +171,23 @@ def calibration_ids(count: int = 12, vocab: int = 97) -> list[list[int]]:
 
 def test_the_measured_vector_is_teacher_forced_and_cached(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
-    monkeypatch.setattr(opt_tree, "calibration_token_ids", lambda settings, tokenizer: calibration_ids())
+    monkeypatch.setattr(sequoia, "calibration_token_ids", lambda settings, tokenizer: calibration_ids())
     target = tiny_model(seed=0)
     with torch.no_grad():
         target.lm_head.weight.mul_(6)
     drafter = FixedTree(
         shape="sequoia", nodes=10, max_depth=None, calibration=CALIBRATION, draft=OmegaConf.create(SELF)
     )
+    with pytest.raises(ModelUnavailable, match="python -m specbench.train sequoia model=target"):
+        drafter.setup(target, None)  # not measured yet: the run names the command
+    sequoia.measure(drafter, target, None)
     drafter.setup(target, None)
     assert drafter.acceptance == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]  # the target drafting for itself: always rank 0
     assert drafter.shape is not None and drafter.shape.rank_paths() == [(0,) * d for d in range(1, 11)]
     # another draft: counts by hand from the two models' logits
     draft_cfg = OmegaConf.create(TINY_DRAFT)
     drafter = FixedTree(shape="sequoia", nodes=12, max_depth=3, calibration=CALIBRATION, draft=draft_cfg)
+    sequoia.measure(drafter, target, None)
     drafter.setup(target, None)
     assert drafter.lm is not None
     hits, positions = [0] * 6, 0
@@ -198,7 +202,7 @@ def test_the_measured_vector_is_teacher_forced_and_cached(monkeypatch, tmp_path)
             positions += len(ids)
     assert drafter.acceptance == pytest.approx([h / positions for h in hits])
     assert drafter.shape is not None and drafter.shape.rank_paths() == sequoia_paths(drafter.acceptance, 12, 3)
-    files = list((tmp_path / "sequoia").glob("*.json"))
+    files = list((tmp_path / "sequoia" / "target").glob("*.json"))
     assert len(files) == 2 and drafter.calibration_record is not None
     record = json.loads(files[0].read_text())
     assert record["positions"] == positions and record["texts"] == len(calibration_ids())
@@ -212,13 +216,16 @@ def test_the_measured_vector_is_teacher_forced_and_cached(monkeypatch, tmp_path)
     def measured_again(*args):
         raise AssertionError("the cached vector was measured again")
 
-    monkeypatch.setattr(opt_tree, "measure_rank_hits", measured_again)
+    monkeypatch.setattr(sequoia, "measure_rank_hits", measured_again)
     again = FixedTree(shape="sequoia", nodes=5, max_depth=3, calibration=CALIBRATION, draft=draft_cfg)
+    sequoia.measure(again, target, None)  # stored: kept, not measured again
     again.setup(target, None)
     assert again.acceptance == drafter.acceptance
     other = {**CALIBRATION, "top_k": 4}  # other settings: another measurement
     with pytest.raises(AssertionError, match="measured again"):
-        FixedTree(shape="sequoia", nodes=5, calibration=other, max_depth=3, draft=draft_cfg).setup(target, None)
+        sequoia.measure(
+            FixedTree(shape="sequoia", nodes=5, calibration=other, max_depth=3, draft=draft_cfg), target, None
+        )
 
 
 SELF = {"source": "target"}
@@ -228,7 +235,7 @@ SELF = {"source": "target"}
 def test_greedy_output_equals_ar(monkeypatch, tmp_path, max_depth):
     """Lossless on a tiny random Llama: a peaked target and another tiny draft, p measured, 40 tokens equal AR's."""
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
-    monkeypatch.setattr(opt_tree, "calibration_token_ids", lambda settings, tokenizer: calibration_ids())
+    monkeypatch.setattr(sequoia, "calibration_token_ids", lambda settings, tokenizer: calibration_ids())
     target = tiny_model(seed=0)
     with torch.no_grad():
         target.lm_head.weight.mul_(6)
@@ -241,6 +248,7 @@ def test_greedy_output_equals_ar(monkeypatch, tmp_path, max_depth):
             calibration=CALIBRATION,
             draft=OmegaConf.create(TINY_DRAFT),
         )
+        sequoia.measure(drafter, target, None)
         drafter.setup(target, None)
         for _ in range(2):
             prompt = [rng.randrange(97) for _ in range(rng.randrange(3, 12))]
@@ -253,6 +261,7 @@ def test_greedy_output_equals_ar(monkeypatch, tmp_path, max_depth):
     drafter = FixedTree(
         shape="sequoia", nodes=4, max_depth=max_depth, calibration=CALIBRATION, draft=OmegaConf.create(SELF)
     )
+    sequoia.measure(drafter, target, None)
     drafter.setup(target, None)
     with torch.inference_mode():
         gen = Decoder(target, drafter, frozenset(), Sampling()).generate([5, 6, 7], 31)
@@ -261,25 +270,27 @@ def test_greedy_output_equals_ar(monkeypatch, tmp_path, max_depth):
 
 
 def test_the_method_config_runs_lossless_on_tiny_llama(training_cache, shared_data):
-    """conf/method/sequoia_tree.yaml on the conformance suite's tiny model, p measured on MBPP's train problems
-    through the model's tokenizer (offline): greedy output equals AR's."""
-    cfg = compose_config(
+    """conf/method/sequoia_tree.yaml on the conformance suite's tiny model, p measured by the trainer on MBPP's train
+    problems through the model's tokenizer (offline): greedy output equals AR's."""
+    overrides = [
         "model=tiny_llama",
-        "method=sequoia_tree",
         "method.drafter.calibration.dataset=mbpp_train",
         "method.drafter.calibration.limit=20",
         "method.drafter.nodes=25",
         f"data_dir={shared_data}",
-    )
+        "device=cpu",
+        "dtype=float32",
+    ]
+    cfg = compose_config(*overrides, "method=sequoia_tree")
     assert cfg.method.drafter.calibration.data_dir == str(shared_data)
-    check_method(cfg.method)
+    assert sequoia.main([*overrides, "progress=false"]) is not None
     engine = build_engine(cfg.method, conformance.tiny_lm(), Sampling())
     drafter = engine.drafter  # the shared loop's Decoder
     assert drafter.calibration_record["texts"] == 20 and len(drafter.acceptance) == 16
     for prompt in conformance.prompts():
         gen = conformance.generate(engine, list(prompt), 24)
         assert tuple(gen.output_ids) == conformance.ar_output(prompt, 40)[:24]
-    assert list((training_cache / "sequoia").glob("tiny_llama-*.json"))
+    assert list((training_cache / "sequoia" / "tiny_llama").glob("*.json"))
 
 
 def test_the_calibration_settings_identity_leaves_the_location_out():

@@ -1,6 +1,7 @@
 """engine=vllm with vLLM itself (the environment `make engine-vllm` builds; `make test` builds it first): every
 method vLLM runs, on the embedded model in float32, 4 HumanEval prompts x 32 tokens, at batch 1 and 4: outputs equal
-to the shared loop's AR token for token, records that add up, and PLD's steps equal to the shared loop's PLD."""
+to the shared loop's AR token for token, records that add up, and PLD's and Medusa's (random heads, written in vLLM's
+layout) steps equal to the shared loop's."""
 
 from __future__ import annotations
 
@@ -30,7 +31,10 @@ METHODS = {  # each method as vLLM runs it (its `same_when`), so the shared loop
     "pld": ("method.drafter.occurrence=first", "method.drafter.continuation=truncate"),
     "suffix_decoding": ("method.drafter.speculation=linear",),
     "spede": ("method.drafter.schedule=constant", "model.draft.source=target"),
+    "medusa": ("method.drafter.tree.kind=chain", "model.medusa.source=random", "+model.medusa.num_heads=3"),
 }
+SAME_STEPS = ("pld", "medusa")
+"""The methods whose loop run drafts exactly what vLLM drafts (PLD's cut copies; each Medusa head's top-1 token)."""
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +93,7 @@ def test_vllm_equals_the_shared_loops_ar_at_batch_1_and_4(method, environment, l
         assert [gen.output_ids for gen in gens] == [record["output_ids"] for record in loop_ar]
         for gen in gens:
             check_adds_up(gen, method)
-    if method == "pld":  # the same algorithm as the loop's PLD (first occurrence, cut copies): the same steps
+    if method in SAME_STEPS:  # the same algorithm as the loop's: the same steps
         loop = loop_records(tmp_path_factory, method)
         assert [gen.accept_lengths for gen in alone] == [record["accept_lengths"] for record in loop]
         assert [gen.accept_lengths for gen in batched] == [record["accept_lengths"] for record in loop]

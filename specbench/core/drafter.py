@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -45,6 +45,13 @@ class DecodeContext:
     cache: DynamicCache | None = None  # the target's KV cache of tokens[:-1]: a drafter may run the target on it
     # (self-speculation) and append rows, but must crop it back to ``position`` rows before proposing; None on the
     # compiled path, whose static cache is its own (such a drafter declares ``needs_dynamic_cache``)
+    sampling: Sampling = field(default_factory=Sampling)  # the run's sampling: the one route by which it reaches
+    # a drafter (the loop's, which the acceptance rule uses too)
+
+    def draft_law(self, sampled: bool) -> Sampling | None:
+        """The law a drafter draws this step's drafts from: the run's when it samples (T > 0) and the drafter's
+        ``sampled`` knob says so; None = the draft's top-k (deterministic drafts)."""
+        return self.sampling if sampled and not self.sampling.greedy else None
 
     @property
     def root(self) -> int:
@@ -130,6 +137,10 @@ class Drafter:
     dynamic cache, so its engine never runs compiled (``compile=true`` runs it eager, and the run says why)."""
     COUNTERS: ClassVar[tuple[str, ...]] = ()
     """The per-generation counters this drafter keeps in its books."""
+    reads_sampling: ClassVar[bool] = False
+    """Whether its drafts are drawn from the run's sampling at T > 0 (``DecodeContext.draft_law``). Runs stored before
+    the decode context carried the sampling had it in this drafter's config node (``temperature``, ``top_p``), and
+    the configuration digest puts it back there for these drafters (``runner.config_digest``)."""
 
     def __init__(self) -> None:
         self.books = DrafterBooks(self.COUNTERS)
@@ -144,6 +155,11 @@ class Drafter:
 
     def reset(self, prompt_ids: list[int]) -> None:
         """Start a new generation from ``prompt_ids`` (per-request state goes here)."""
+
+    def forget(self) -> None:
+        """Drop what this drafter learned across requests, back to how ``setup`` left it: the runner warms up on the
+        engine it then times and forgets after, so the warm-up leaves no trace (default: nothing crosses requests; a
+        drafter that overrides ``recall`` keeps a memory and overrides this too, which the conformance suite checks)."""
 
     def recall(self, prompt_ids: list[int], output_ids: list[int]) -> bool:
         """Learn what this drafter keeps across requests from a generation it did not run: a resumed run calls it for
@@ -210,11 +226,6 @@ def knob_choice(key: str, value: object, choices: Sequence[object], symbol: str 
     if value not in choices:
         raise ConfigError(f"{knob_name(key, symbol)} must be one of {list(choices)}, got {value!r}")
     return value
-
-
-def knob_sampling(temperature: object, top_p: object) -> Sampling:
-    """The run's sampling settings as a drafter receives them (``method.drafter.temperature`` / ``top_p``), checked."""
-    return Sampling(knob_number("temperature", temperature, 0.0), knob_number("top_p", top_p, 0.0, 1.0))
 
 
 def knob_name(key: str, symbol: str | None) -> str:

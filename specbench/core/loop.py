@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -28,7 +28,7 @@ from specbench.core.verify import (
     prefill_with_tail,
 )
 from specbench.errors import ConfigError
-from specbench.schema import PHASES
+from specbench.schema import PHASES, STEP_FIELDS, StepLists
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -41,27 +41,20 @@ AcceptFn = Callable[[DraftTree, torch.Tensor, Sampling, "torch.Generator | None"
 
 
 @dataclass
-class Generation:
-    """One generated continuation with its per-step trace (see ``specbench.schema``)."""
+class Generation(StepLists):
+    """One generated continuation with its per-step traces (``StepLists``: filled by the loop, None for engines
+    outside it)."""
 
     output_ids: list[int]
     prefill_s: float
     target_forwards: int  # verify forwards after the prefill
     stop_reason: str  # "eos" | "max_new_tokens"
-    # the loop's per-step trace (StepTrace; None for engines outside the loop):
-    accept_lengths: list[int] | None = None  # tokens emitted per step
-    draft_tokens: list[int] | None = None  # drafted nodes verified per step
-    draft_depth: list[int] | None = None  # depth of the verified tree per step
-    verify_tokens: list[int] | None = None  # rows of each step's verify forward (root, nodes, aux rows)
-    side_branch: list[bool] | None = None  # the accepted path left the first-listed branch
-    step_s: list[float] | None = None  # wall time per step
-    # the step breakdown, per step (None when switched off, and for engines outside the loop):
-    draft_s: list[float] | None = None  # drafter.propose, pruning to the budget, laying the tree out
-    verify_s: list[float] | None = None  # the target verify forward
-    accept_s: list[float] | None = None  # acceptance rule + KV-cache compaction
-    update_s: list[float] | None = None  # drafter.observe, freeing the step's trees and logits
     latency_s: float | None = None  # the request's own wall time where the engine measured it (a batch's requests
     # finish at different times); None: the runner's clock around the call is the request's
+
+
+LOOP_TRACES = tuple(name for name in STEP_FIELDS if name.removesuffix("_s") not in PHASES)
+"""The traces the loop fills at every step (the step breakdown's ``<phase>_s`` only when on: ``PhaseClock``)."""
 
 
 class Engine(Protocol):
@@ -84,6 +77,10 @@ class Engine(Protocol):
     @property
     def compiled(self) -> bool:
         """Whether the target's verify forwards run compiled (``specbench.core.compiled``)."""
+        ...
+
+    def forget(self) -> None:
+        """Drop what the engine keeps across requests, back to how it was built (after the runner's warm-up)."""
         ...
 
     def replay(
@@ -140,39 +137,19 @@ class PhaseClock:
 
 @dataclass
 class StepOutcome:
-    """What one loop step emitted and what it verified (the per-step trace of ``Generation``)."""
+    """What one loop step emitted and what it verified (its entries of the ``StepLists`` of the same names)."""
 
     emitted: list[int]  # tokens committed, before the budget and EOS clip
-    drafted: int  # drafted nodes verified (root excluded)
-    depth: int  # depth of the verified tree (0: nothing drafted)
-    width: int  # rows of the verify forward: root, drafted nodes and aux rows
+    draft_tokens: int  # drafted nodes verified (root excluded)
+    draft_depth: int  # depth of the verified tree (0: nothing drafted)
+    verify_tokens: int  # rows of the verify forward: root, drafted nodes and aux rows
     side_branch: bool  # the accepted path used a child other than its parent's first-listed one
 
-
-@dataclass
-class StepTrace:
-    """The per-step lists of one generation, filled as the loop steps and stored in its ``Generation``."""
-
-    accept_lengths: list[int] = field(default_factory=list)
-    draft_tokens: list[int] = field(default_factory=list)
-    draft_depth: list[int] = field(default_factory=list)
-    verify_tokens: list[int] = field(default_factory=list)
-    side_branch: list[bool] = field(default_factory=list)
-    step_s: list[float] = field(default_factory=list)
-
-    def add(self, kept: int, step: StepOutcome, seconds: float) -> None:
-        """One step: ``kept`` tokens emitted after the clip, what it verified, its wall time."""
-        self.accept_lengths.append(kept)
-        self.draft_tokens.append(step.drafted)
-        self.draft_depth.append(step.depth)
-        self.verify_tokens.append(step.width)
-        self.side_branch.append(step.side_branch)
-        self.step_s.append(seconds)
-
-    def record(self, gen: Generation) -> None:
-        """Store the lists in ``gen``'s fields of the same names."""
-        for name, values in vars(self).items():
-            setattr(gen, name, values)
+    def entries(self, kept: int, seconds: float) -> dict[str, int | bool | float]:
+        """The step's entry of each of ``LOOP_TRACES``: ``kept`` tokens emitted after the clip, what it verified,
+        its wall time."""
+        verified = {name: value for name, value in vars(self).items() if name != "emitted"}
+        return {"accept_lengths": kept, **verified, "step_s": seconds}
 
 
 def clip_emitted(tokens: list[int], eos_ids: frozenset[int], budget: int) -> tuple[list[int], str | None]:
@@ -237,13 +214,15 @@ class Decoder:
         tokens = [*prompt_ids, first]
         _, stop = clip_emitted([first], self.eos_ids, max_new_tokens)
         clock = PhaseClock(device, self.breakdown)
-        trace = StepTrace()
+        trace: dict[str, list] = {name: [] for name in LOOP_TRACES}
         while stop is None:
             remaining = max_new_tokens - len(gen.output_ids)
             step_start = time.perf_counter()
             clock.start(step_start)
             shared = None if self.verifier.compiled else cache  # the static cache is the compiled path's own
-            ctx = DecodeContext(tokens, len(prompt_ids), remaining, gen.target_forwards, generator, shared)
+            ctx = DecodeContext(
+                tokens, len(prompt_ids), remaining, gen.target_forwards, generator, shared, self.sampling
+            )
             step = self._step(ctx, cache, clock)
             clock.lap("update")  # drafter.observe, and freeing the step's trees and logits on return
             emitted, stop = clip_emitted(step.emitted, self.eos_ids, remaining)
@@ -251,8 +230,10 @@ class Decoder:
             gen.output_ids.extend(emitted)
             gen.target_forwards += 1
             synchronize(device)  # the step's timing boundary
-            trace.add(len(emitted), step, time.perf_counter() - step_start)
-        trace.record(gen)
+            for name, entry in step.entries(len(emitted), time.perf_counter() - step_start).items():
+                trace[name].append(entry)
+        for name, values in trace.items():
+            setattr(gen, name, values)
         clock.record(gen)
         gen.stop_reason = stop
         return gen
@@ -277,6 +258,10 @@ class Decoder:
         if self.drafter.recall(list(prompt_ids), list(output_ids)):
             return None
         return self.generate(prompt_ids, max_new_tokens, generator).output_ids
+
+    def forget(self) -> None:
+        """The drafter drops its cross-request memory (``Drafter.forget``)."""
+        self.drafter.forget()
 
     def _check_proposal(self, tree: object, ctx: DecodeContext) -> None:
         """Refuse what the drafter handed over before any forward sees it: a tree that is not one (its structure,

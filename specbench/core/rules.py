@@ -10,6 +10,7 @@ import functools
 import inspect
 
 from specbench.core.acceptance import accept_match
+from specbench.core.block import accept_block
 from specbench.core.speculative import accept_speculative
 from specbench.core.typical import accept_typical, check_typical_kwargs
 from specbench.errors import ConfigError
@@ -17,6 +18,7 @@ from specbench.errors import ConfigError
 ACCEPTANCE_RULES = {
     "match": accept_match,
     "speculative": accept_speculative,
+    "block": accept_block,
     "typical": accept_typical,
 }
 

@@ -18,7 +18,7 @@ from typing import ClassVar
 import torch
 
 from specbench.core.acceptance import Acceptance
-from specbench.core.drafter import DecodeContext, Drafter, knob_sampling
+from specbench.core.drafter import DecodeContext, Drafter
 from specbench.core.tree import DraftTree
 from specbench.core.verify import compact_cache, new_cache
 from specbench.drafters.tree_fill import pick_children
@@ -182,18 +182,17 @@ class DraftModelDrafter(Drafter):
     """Base of the drafters that run a separate draft model: loading and shared stats.
 
     Subclasses implement ``draft_tree`` (the tree to verify) and ``update`` (draft-cache rollback
-    and any schedule). ``temperature``/``top_p`` are the run's sampling settings (the method configs
-    interpolate them), used to warp the draft's distribution when drafts are sampled.
+    and any schedule). At T > 0 drafts are drawn from the draft's distribution warped like the target's (the run's
+    sampling, from the decode context).
     """
 
     COUNTERS: ClassVar[tuple[str, ...]] = ("steps", "drafted", "accepted_tokens")
+    reads_sampling = True
 
     def __init__(
         self,
         draft=None,
         target_name: str = "target",
-        temperature: float = 0.0,
-        top_p: float = 1.0,
         draft_vocab: int | None = None,
     ):
         super().__init__()
@@ -201,8 +200,6 @@ class DraftModelDrafter(Drafter):
         self.target_name = target_name
         self.draft_vocab = size_knob(draft_vocab)
         self.vocabulary: DraftVocabulary | None = None
-        self.sampling = knob_sampling(temperature, top_p)
-        self.sample_drafts = not self.sampling.greedy  # False: top-k drafts (deterministic) at any temperature
         self.lm: DraftLM | None = None
         self.draft_path: str | None = None
         self.draft_part = ""
@@ -243,9 +240,9 @@ class DraftModelDrafter(Drafter):
         """Draft-cache rollback (and schedules) after the target verified ``tree``."""
         raise NotImplementedError
 
-    def pick(self, logits: torch.Tensor, k: int, generator) -> tuple[list[int], torch.Tensor | None]:
-        """``k`` children from draft logits [vocab] and the q [vocab] they were drawn from (None: top-k)."""
-        return pick_children(logits, k, self.sampling if self.sample_drafts else None, generator)
+    def pick(self, logits: torch.Tensor, k: int, ctx: DecodeContext) -> tuple[list[int], torch.Tensor | None]:
+        """``k`` children from draft logits [vocab] and the q [vocab] they were drawn from (None: top-k, at T = 0)."""
+        return pick_children(logits, k, ctx.draft_law(True), ctx.generator)
 
     def artefacts(self) -> list[str]:
         """The draft model (its weights digest when distilled here) and any reduced draft vocabulary."""

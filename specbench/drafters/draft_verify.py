@@ -8,42 +8,36 @@ gamma follows the paper's update after every verify pass: the acceptance rate sm
 with the target rate alpha; gamma moves by epsilon towards it, smoothed with beta2. gamma persists across
 generations (the authors' evaluation passes it from one sample to the next); the smoothed rate restarts.
 
-The skipped set is the model config's ``layer_skip`` node when it has one (the authors' published sets), else
-it is searched once by Bayesian optimisation of the measured decoding speed on a few calibration prompts
-(``specbench.structures.bayes_opt``) and cached under ``$SPECBENCH_CACHE/layer_skip/``.
+The skipped set is the model config's ``layer_skip`` node when it has one (the authors' published sets), else the
+part ``python -m specbench.train layer_skip`` searched for this target and these settings (Bayesian optimisation of
+the measured decoding speed on a few calibration prompts: ``specbench.train.layer_skip``), read from
+``$SPECBENCH_CACHE/layer_skip/<model>/``.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
-from specbench.core.acceptance import Acceptance, Sampling
-from specbench.core.drafter import DecodeContext, Drafter, knob_int, knob_number, knob_sampling
-from specbench.core.loop import Decoder
+from specbench.core.acceptance import Acceptance
+from specbench.core.drafter import DecodeContext, Drafter, knob_choice, knob_int, knob_number
 from specbench.core.tree import DraftTree
 from specbench.core.verify import compact_cache
 from specbench.drafters.tree_fill import pick_children
-from specbench.errors import ConfigError
-from specbench.files import write_atomic
+from specbench.errors import ConfigError, ModelUnavailable
+from specbench.manifest import digest
 from specbench.models.layer_skip import LayerSkip, SkipSet
 from specbench.models.loading import eos_token_ids
-from specbench.paths import cache_root
-from specbench.structures.bayes_opt import BinarySearch, maximise
-from specbench.train.common import digest
-from specbench.train.sources import dolly_dev, mbpp_train
+from specbench.models.parts import part_kind
 
 SEARCH_KEYS = ("source", "prompts", "max_new_tokens", "iterations", "max_minutes", "seed", "data_dir")
 """The keys of ``method.drafter.search``."""
-
-CALIBRATION_SOURCES = {"mbpp_train": mbpp_train, "dolly_dev": dolly_dev}
-"""Where the search's calibration prompts come from: prompt sources outside every evaluation split."""
+SEARCH_SOURCES = ("mbpp_train", "dolly_dev")
+"""Where the search's calibration prompts may come from (``specbench.train.sources``): no evaluation split."""
 
 
 @dataclass(frozen=True)
@@ -66,7 +60,7 @@ class SearchSettings:
             raise ConfigError(f"method.drafter.search must have the keys {list(SEARCH_KEYS)}; got {sorted(given)}")
         minutes = given["max_minutes"]
         return cls(
-            source=str(given["source"]),
+            source=knob_choice("search.source", given["source"], SEARCH_SOURCES),
             prompts=knob_int("search.prompts", given["prompts"], 1),
             max_new_tokens=knob_int("search.max_new_tokens", given["max_new_tokens"], 1),
             iterations=knob_int("search.iterations", given["iterations"], 0),
@@ -102,6 +96,7 @@ class DraftVerify(Drafter):
     """Drafts a chain with the target's skipped-layer forward; exits early below the adaptive threshold."""
 
     COUNTERS = ("steps", "drafted", "accepted_tokens", "draft_forwards", "threshold_sum")
+    reads_sampling = True
     needs_dynamic_cache = True  # the skipped-layer draft runs on the target's own cache (ctx.cache)
 
     def __init__(
@@ -116,8 +111,6 @@ class DraftVerify(Drafter):
         threshold_momentum: float = 0.9,
         search=None,
         target_name: str = "target",
-        temperature: float = 0.0,
-        top_p: float = 1.0,
     ):
         super().__init__()
         self.given = skip_set_from(layers)
@@ -132,7 +125,6 @@ class DraftVerify(Drafter):
         self.threshold_momentum = knob_number("threshold_momentum", threshold_momentum, 0.0, 1.0, "beta2")
         self.search_settings = SearchSettings.from_node(search) if self.given is None else None
         self.target_name = target_name
-        self.sampling = knob_sampling(temperature, top_p)
         self.target: Any = None  # the target model (bound by setup)
         self.skipper: LayerSkip | None = None
         self.eos_ids: frozenset[int] = frozenset()
@@ -140,18 +132,18 @@ class DraftVerify(Drafter):
         self.search_record: dict | None = None  # where a searched set came from (cache file, points, speed)
 
     def setup(self, target, tokenizer) -> None:
-        """Bind to the target; take the given skipped set, or the cached search result (searching once)."""
+        """Bind to the target; take the given skipped set, or the one the ``layer_skip`` trainer searched."""
         self.target = target
         self.eos_ids = eos_token_ids(target, tokenizer)
-        self.skipper = LayerSkip(target, self.given or SkipSet())
-        if self.given is None:
-            assert self.search_settings is not None  # set whenever no set is given
-            self.skipper.use(self.searched_set(target, tokenizer, self.search_settings))
-            self.threshold = self.initial_threshold  # the run starts at gamma_0, searched here or loaded from the cache
+        self.skipper = LayerSkip(target, self.given or self.searched_set(target))
 
     def reset(self, prompt_ids: list[int]) -> None:
         """Per generation the smoothed acceptance rate restarts; gamma carries over."""
         self.smoothed_acceptance = 0.0
+
+    def forget(self) -> None:
+        """The adaptive threshold back to gamma_0."""
+        self.threshold = self.initial_threshold
 
     def recall(self, prompt_ids: list[int], output_ids: list[int]) -> bool:
         """The adaptive threshold gamma, moved by every step's acceptance, carries across generations: then the
@@ -179,7 +171,7 @@ class DraftVerify(Drafter):
                     logits_to_keep=1,
                 )
                 logits = out.logits[0, -1].float()  # [vocab] the draft's next-token logits
-                (token,), q = pick_children(logits, 1, None if self.sampling.greedy else self.sampling, ctx.generator)
+                (token,), q = pick_children(logits, 1, ctx.draft_law(True), ctx.generator)
                 tokens.append(token)
                 if q is not None:
                     rows.append(q)
@@ -213,67 +205,35 @@ class DraftVerify(Drafter):
 
     # -- the skipped set --------------------------------------------------------------------------------
 
-    def searched_set(self, target, tokenizer, settings: SearchSettings) -> SkipSet:
-        """The cached search result for this target and these settings, searching (and caching) it first if absent."""
-        prompts = calibration_prompts(tokenizer, settings)
-        key = {
+    def search_key(self, target) -> dict:
+        """What decides a searched set: the target, its device, the search settings and the drafting knobs the search
+        measures with (a change searches anew)."""
+        assert self.search_settings is not None  # set whenever no set is given
+        return {
             "model": model_identity(target),
             "device": target.device.type,
-            "search": settings.identity(),
-            "prompts": digest(prompts),
+            "search": self.search_settings.identity(),
             "drafting": self.drafting_identity(),
         }
-        path = cache_file(self.target_name, key)
-        if path.is_file():
-            record = json.loads(path.read_text(encoding="utf-8"))
-        else:
-            record = {"key": key, **self.search(target, prompts, settings)}
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(path, json.dumps(record, indent=1) + "\n")
+
+    def searched_file(self, target) -> Path:
+        """Where the ``layer_skip`` trainer stores the set searched for this target and these settings."""
+        return part_kind("layer_skip").keyed_file(self.target_name, self.search_key(target))
+
+    def searched_set(self, target) -> SkipSet:
+        """The set the ``layer_skip`` trainer searched for this target and these settings, or a ModelUnavailable
+        naming the command that searches it."""
+        path = self.searched_file(target)
+        if not path.is_file():
+            command = part_kind("layer_skip").command_line(self.target_name)
+            raise ModelUnavailable(
+                f"No searched Draft&Verify skipped set for model '{self.target_name}' at these settings (looked for "
+                f"{path}). Search it with: {command}, adding this run's method overrides (method.drafter.*), or give "
+                f"one in the model config's layer_skip node"
+            )
+        record = json.loads(path.read_text(encoding="utf-8"))
         self.search_record = {"file": str(path), "points": len(record["history"]), "tokens_per_s": record["best_score"]}
         return SkipSet(tuple(record["best"]["attention"]), tuple(record["best"]["mlp"]))
-
-    def search(self, target, prompts: list[list[int]], settings: SearchSettings) -> dict:
-        """Bayesian optimisation of greedy tokens/s over the 2L skip bits, within the iteration and time caps."""
-        assert self.skipper is not None  # bound by setup
-        layers = self.skipper.num_layers
-        decoder = Decoder(target, self, self.eos_ids, Sampling(), step_breakdown=False)
-        history: list[dict] = []
-        bar = tqdm(total=settings.iterations + 2, desc="layer-skip search", unit="point")
-
-        def speed(bits: tuple[int, ...]) -> float:
-            """Greedy tokens/s of self-speculative decoding over the calibration prompts with ``bits`` skipped."""
-            skip = SkipSet.from_bits(list(bits), layers)
-            self.skipper.use(skip)  # type: ignore[union-attr]  # bound above
-            self.threshold = self.initial_threshold
-            start, emitted = time.perf_counter(), 0
-            with torch.inference_mode():
-                for prompt in prompts:
-                    emitted += len(decoder.generate(prompt, settings.max_new_tokens).output_ids)
-            score = emitted / (time.perf_counter() - start)
-            history.append({**skip.as_dict(), "tokens_per_s": round(score, 3)})
-            bar.update()
-            bar.set_postfix(best=f"{max(h['tokens_per_s'] for h in history):.1f} tok/s")
-            return score
-
-        deadline = time.monotonic() + 60 * settings.max_minutes if settings.max_minutes is not None else None
-        started = time.monotonic()
-        best = maximise(
-            speed,
-            BinarySearch(2 * layers, settings.seed),
-            settings.iterations,
-            keep_going=lambda: deadline is None or time.monotonic() < deadline,
-            starts=[tuple(bits) for bits in starting_points(layers)],
-        )
-        bar.close()
-        self.threshold = self.initial_threshold
-        chosen = SkipSet.from_bits(list(best.bits), layers)
-        return {
-            "best": chosen.as_dict(),
-            "best_score": round(best.score, 3),
-            "seconds": round(time.monotonic() - started, 1),
-            "history": history,
-        }
 
     def drafting_identity(self) -> dict:
         """The drafting knobs the search measures with (a change searches anew)."""
@@ -308,33 +268,7 @@ class DraftVerify(Drafter):
         }
 
 
-def starting_points(layers: int) -> list[list[int]]:
-    """The search's first points: the attention of the upper half skipped; attention and MLP of every second
-    layer of the upper half skipped (the last layer always kept)."""
-    upper = range(layers // 2, layers - 1)
-    attention_only = SkipSet(tuple(upper), ())
-    alternate = SkipSet(tuple(upper[::2]), tuple(upper[::2]))
-    return [attention_only.bits(layers), alternate.bits(layers)]
-
-
-def calibration_prompts(tokenizer, settings: SearchSettings) -> list[list[int]]:
-    """The first ``settings.prompts`` prompts of the configured source as token ids (never evaluation prompts)."""
-    if settings.source not in CALIBRATION_SOURCES:
-        raise ConfigError(
-            f"method.drafter.search.source must be one of {list(CALIBRATION_SOURCES)}, got {settings.source!r}"
-        )
-    if tokenizer is None:
-        raise ConfigError("searching the skipped layers needs the model's tokenizer to encode calibration prompts")
-    texts = CALIBRATION_SOURCES[settings.source](None, settings.data_dir)[: settings.prompts]
-    return [tokenizer(text).input_ids for text in texts]
-
-
 def model_identity(target) -> dict:
     """What decides a target's speed and outputs: its weights' origin, dtype and architecture."""
     config = {k: v for k, v in target.config.to_dict().items() if not k.startswith("_") and k != "transformers_version"}
     return {"path": str(getattr(target, "name_or_path", "")), "dtype": str(target.dtype), "config": digest(config)}
-
-
-def cache_file(target_name: str, key: dict) -> Path:
-    """Where the search result for ``key`` is cached."""
-    return cache_root() / "layer_skip" / f"{target_name}-{digest(key)}.json"

@@ -37,7 +37,7 @@ from collections.abc import Callable
 import torch
 
 from specbench.core.acceptance import Acceptance
-from specbench.core.drafter import DecodeContext, Drafter, knob_choice, knob_int, knob_number, knob_sampling
+from specbench.core.drafter import DecodeContext, Drafter, knob_choice, knob_int, knob_number
 from specbench.core.tree import DraftTree
 from specbench.core.verify import VerifyOutput, compact_cache, new_cache
 from specbench.drafters.tree_fill import fill_shape
@@ -141,13 +141,12 @@ class EagleDrafter(Drafter):
 
     hidden_layers: tuple[int, ...] = (-1,)  # the last hidden states (after the final norm)
     COUNTERS = ("steps", "drafted", "accepted_tokens", "depth_sum")
+    reads_sampling = True
 
     def __init__(
         self,
         head=None,
         target_name: str = "target",
-        temperature: float = 0.0,
-        top_p: float = 1.0,
         draft_vocab: int | None = None,
     ):
         super().__init__()
@@ -155,7 +154,6 @@ class EagleDrafter(Drafter):
         self.target_name = target_name
         self.draft_vocab = size_knob(draft_vocab)
         self.vocabulary: DraftVocabulary | None = None
-        self.sampling = knob_sampling(temperature, top_p)
         self.loaded_head: HeadCache | None = None
         self.origin = ""
         self.trained_top1: list[float] | None = None
@@ -259,7 +257,7 @@ class Eagle(EagleDrafter):
     ):
         self.shape = fixed_shape(knob_choice("shape", shape, SHAPES), nodes, paths)
         super().__init__(**settings)
-        self.sample_drafts = bool(sample_children) and not self.sampling.greedy
+        self.sample_children = bool(sample_children)
 
     def setup(self, target, tokenizer) -> None:
         """Load the head; refuse shapes that want more children per node than the vocabulary has."""
@@ -290,8 +288,7 @@ class Eagle(EagleDrafter):
                 rows[node], features[node] = first + i, out[i]
             return self.draft.logits(out)  # [k, vocab]
 
-        sampling = self.sampling if self.sample_drafts else None
-        return fill_shape(shape, ctx.root, root_logits, feed, sampling, ctx.generator)
+        return fill_shape(shape, ctx.root, root_logits, feed, ctx.draft_law(self.sample_children), ctx.generator)
 
 
 class LayerFeeder:

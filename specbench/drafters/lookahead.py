@@ -129,6 +129,7 @@ class Lookahead(Drafter):
         self.parallel_verify = knob_choice("parallel_verify", parallel_verify, PARALLEL_VERIFY)
         self.eos_ids: frozenset[int] = frozenset()  # set by setup (what cut_at_eos cuts at)
         self.memory = self._new_memory()
+        self.warmup_ids: list[list[int]] = []  # the dev answers' token ids, read by setup
         self.warmup_answers = 0
         self.warmup_s = 0.0
         self._tokens: list[int] | None = None  # the live request's token list (the loop extends it)
@@ -160,14 +161,18 @@ class Lookahead(Drafter):
     def setup(self, target, tokenizer) -> None:
         """Start the run with a fresh memory, warmed up with the dev answers as OUTPUT branches."""
         self.eos_ids = eos_token_ids(target, tokenizer) if target is not None else frozenset()
+        self.warmup_ids = warmup_answer_ids(self.warmup, tokenizer)
+        self.forget()
+
+    def forget(self) -> None:
+        """A fresh memory warmed up with the dev answers (timed: the stats' ``warmup_s``), no request in flight."""
         with stopwatch() as lap:
             self.memory = self._new_memory()
-            answers = warmup_answer_ids(self.warmup, tokenizer)
-            for ids in answers:
+            for ids in self.warmup_ids:
                 self.memory.insert_sequence(self._branch_ids(ids), output=True)
             if self.rules.node_pruning == "specbench":  # the official code prunes at the first request's end
                 self.memory.end_request()  # prunes when the warm-up touched enough tries
-        self.warmup_answers = len(answers)
+        self.warmup_answers = len(self.warmup_ids)
         self.warmup_s = lap.seconds
         self._tokens = None
 

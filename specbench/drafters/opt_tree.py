@@ -15,7 +15,6 @@ vector measured on calibration texts, or any list of rank paths) with the draft'
 
 from __future__ import annotations
 
-import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,16 +25,14 @@ import torch
 from specbench.core.acceptance import Acceptance
 from specbench.core.drafter import DecodeContext, knob_choice, knob_int, knob_number
 from specbench.core.tree import DraftTree
-from specbench.drafters.draft_model import DraftLM, DraftModelDrafter
-from specbench.drafters.draft_verify import CALIBRATION_SOURCES, model_identity
+from specbench.drafters.draft_model import DraftModelDrafter
 from specbench.drafters.tree_fill import fill_shape
-from specbench.errors import ConfigError, DataUnavailable
-from specbench.files import write_atomic
-from specbench.paths import cache_root
-from specbench.structures.sequoia_tree import checked_acceptance, expected_length, rank_hits
+from specbench.errors import ConfigError, ModelUnavailable
+from specbench.manifest import digest, model_identity
+from specbench.models.parts import part_kind
+from specbench.structures.sequoia_tree import checked_acceptance, expected_length
 from specbench.structures.tree_builders import OptTreeBuilder
 from specbench.structures.tree_shapes import PUBLISHED_TREES, TreeShape, fixed_shape
-from specbench.train.common import digest
 
 
 class LayeredTreeDrafter(DraftModelDrafter):
@@ -164,7 +161,7 @@ class FixedTree(LayeredTreeDrafter):
                 knob_int("max_depth", max_depth, 1)
             self.shape = None
         super().__init__(**draft_settings)
-        self.sample_drafts = bool(sample_children) and not self.sampling.greedy
+        self.sample_children = bool(sample_children)
 
     def setup(self, target, tokenizer) -> None:
         """Load the draft (measure p and build Sequoia's tree when calibrating); refuse shapes that want more
@@ -172,7 +169,7 @@ class FixedTree(LayeredTreeDrafter):
         super().setup(target, tokenizer)
         assert self.lm is not None  # loaded by super().setup
         if self.calibration is not None:
-            self.acceptance, self.calibration_record = self.calibrated_acceptance(target, tokenizer, self.calibration)
+            self.acceptance, self.calibration_record = self.calibrated_acceptance(target)
             self.shape = fixed_shape(*self.shape_settings, acceptance=self.acceptance)
         assert self.shape is not None  # built in __init__ or above
         widest = max(len(kids) for kids in self.shape.children())
@@ -198,15 +195,17 @@ class FixedTree(LayeredTreeDrafter):
                 self.node_rows[node] = first + i
             return lm.tree_layer([tokens[node] for node in nodes], parent_rows, depth)  # [k, vocab]
 
-        sampling = self.sampling if self.sample_drafts else None
-        return fill_shape(shape, ctx.root, lm.sync(ctx.tokens), feed, sampling, ctx.generator)
+        return fill_shape(
+            shape, ctx.root, lm.sync(ctx.tokens), feed, ctx.draft_law(self.sample_children), ctx.generator
+        )
 
     # -- Sequoia's acceptance vector ----------------------------------------------------------------------
 
-    def calibrated_acceptance(self, target, tokenizer, settings: AcceptanceCalibration) -> tuple[list[float], dict]:
-        """The acceptance vector measured for this target, draft and calibration (cached; measured once)."""
-        assert self.lm is not None  # loaded by setup
-        key = {
+    def calibration_key(self, target) -> dict:
+        """What decides a measured acceptance vector: the target, the draft (its part and vocabulary), the device and
+        the calibration settings (a change measures anew)."""
+        assert self.lm is not None and self.calibration is not None  # loaded by setup; set when measuring
+        return {
             "target": {**model_identity(target), "weights": weights_fingerprint(target)},
             "draft": {
                 **model_identity(self.lm.model),
@@ -215,25 +214,29 @@ class FixedTree(LayeredTreeDrafter):
                 "draft_vocab": self.draft_vocab,
             },
             "device": target.device.type,
-            "calibration": settings.identity(),
+            "calibration": self.calibration.identity(),
         }
-        path = cache_root() / "sequoia" / f"{self.target_name}-{digest(key)}.json"
-        if path.is_file():
-            record = json.loads(path.read_text(encoding="utf-8"))
-        else:
-            token_lists = calibration_token_ids(settings, tokenizer)
-            hits, positions = measure_rank_hits(target, self.lm, token_lists, settings.top_k)
-            record = {
-                "key": key,
-                "acceptance_vector": [h / positions for h in hits],
-                "rank_hits": hits,
-                "positions": positions,
-                "texts": len(token_lists),
-                "texts_digest": digest(token_lists),
-            }
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(path, json.dumps(record, indent=1) + "\n")
-        info = {"file": f"sequoia/{path.name}", "texts": record["texts"], "positions": record["positions"]}  # cached
+
+    def calibration_file(self, target) -> Path:
+        """Where the ``sequoia`` trainer stores the vector measured for this target, draft and calibration."""
+        return part_kind("sequoia").keyed_file(self.target_name, self.calibration_key(target))
+
+    def calibrated_acceptance(self, target) -> tuple[list[float], dict]:
+        """The acceptance vector the ``sequoia`` trainer measured for this target, draft and calibration, or a
+        ModelUnavailable naming the command that measures it."""
+        path = self.calibration_file(target)
+        if not path.is_file():
+            raise ModelUnavailable(
+                f"No measured Sequoia acceptance vector for model '{self.target_name}' and this draft at these "
+                f"settings (looked for {path}). Measure it with: {part_kind('sequoia').command_line(self.target_name)}"
+                f", adding this run's method overrides (method.drafter.*), or give method.drafter.acceptance_vector"
+            )
+        record = json.loads(path.read_text(encoding="utf-8"))
+        info = {
+            "file": f"sequoia/{self.target_name}/{path.name}",
+            "texts": record["texts"],
+            "positions": record["positions"],
+        }
         return checked_acceptance(record["acceptance_vector"]), info
 
     def artefacts(self) -> list[str]:
@@ -256,10 +259,9 @@ class FixedTree(LayeredTreeDrafter):
 
 CALIBRATION_KEYS = ("dataset", "limit", "max_length", "top_k", "data_dir")
 """The keys of ``method.drafter.calibration``."""
-C4_FILE = "c4_validation.jsonl"
-"""A local copy of C4 (``text`` per record, in the Hub's order) that ``calibration.dataset=c4`` reads from data_dir."""
-C4_HUB = ("allenai/c4", "en", "validation")
-"""C4 on the Hub (id, config, split): the English validation split, read as a stream up to ``limit`` documents."""
+CALIBRATION_SOURCES = ("c4", "mbpp_train", "dolly_dev")
+"""Where Sequoia's calibration texts may come from (``specbench.train.sequoia``): C4, as the paper, or the prompt
+sources outside every evaluation split."""
 
 
 @dataclass(frozen=True)
@@ -281,9 +283,8 @@ class AcceptanceCalibration:
                 f"method.drafter.calibration must have the keys {list(CALIBRATION_KEYS)} (or give "
                 f"method.drafter.acceptance_vector); got {sorted(given)}"
             )
-        sources = ["c4", *CALIBRATION_SOURCES]
         return cls(
-            dataset=knob_choice("calibration.dataset", given["dataset"], sources),
+            dataset=knob_choice("calibration.dataset", given["dataset"], CALIBRATION_SOURCES),
             limit=knob_int("calibration.limit", given["limit"], 1),
             max_length=knob_int("calibration.max_length", given["max_length"], 2),
             top_k=knob_int("calibration.top_k", given["top_k"], 1, "k"),
@@ -293,63 +294,6 @@ class AcceptanceCalibration:
     def identity(self) -> dict:
         """What decides the measured vector (not where the texts were read from)."""
         return {k: v for k, v in vars(self).items() if k != "data_dir"}
-
-
-def calibration_texts(settings: AcceptanceCalibration) -> list[str]:
-    """The first ``limit`` texts of the calibration source."""
-    if settings.dataset == "c4":
-        return c4_texts(settings.limit, settings.data_dir)
-    return CALIBRATION_SOURCES[settings.dataset](None, settings.data_dir)[: settings.limit]
-
-
-def c4_texts(limit: int, data_dir: str | None) -> list[str]:
-    """The first ``limit`` documents of C4's English validation split: ``data_dir/c4_validation.jsonl`` when it is
-    there, else a stream from the Hub (only those documents are read)."""
-    from specbench.data.base import read_jsonl
-    from specbench.hub import hub_reachable
-
-    local = Path(data_dir).expanduser() / C4_FILE if data_dir else None
-    if local is not None and local.is_file():
-        return [record["text"] for record in read_jsonl(local, required=[["text"]])[:limit]]
-    if not hub_reachable():
-        raise DataUnavailable(
-            f"method.drafter.calibration.dataset=c4 reads C4 from the Hugging Face Hub ({C4_HUB[0]}, {C4_HUB[1]}, "
-            f"{C4_HUB[2]}) or from {C4_FILE} in data_dir, and neither is at hand; measure on an offline source "
-            f"(method.drafter.calibration.dataset={'|'.join(CALIBRATION_SOURCES)}) or give "
-            f"method.drafter.acceptance_vector=[...]"
-        )
-    import datasets
-
-    hub_id, config, split = C4_HUB
-    stream = datasets.load_dataset(hub_id, config, split=split, streaming=True)
-    return [record["text"] for record in itertools.islice(stream, limit)]
-
-
-def calibration_token_ids(settings: AcceptanceCalibration, tokenizer) -> list[list[int]]:
-    """The calibration texts as target token ids (special tokens as the tokenizer adds them), cut to ``max_length``;
-    texts of fewer than two tokens are left out."""
-    if tokenizer is None:
-        raise ConfigError(
-            "measuring the acceptance vector needs the model's tokenizer; give method.drafter.acceptance_vector"
-        )
-    ids = [list(tokenizer(text).input_ids)[: settings.max_length] for text in calibration_texts(settings)]
-    ids = [seq for seq in ids if len(seq) >= 2]
-    if not ids:
-        raise ConfigError(f"method.drafter.calibration.dataset={settings.dataset}: no calibration text to measure on")
-    return ids
-
-
-@torch.no_grad()
-def measure_rank_hits(target, lm: DraftLM, token_lists: list[list[int]], top_k: int) -> tuple[list[int], int]:
-    """Teacher-forced over each token list, greedy: at how many positions the target's next token is the draft's
-    rank-r token (r < top_k), and the number of positions (every token of every list)."""
-    hits = torch.zeros(top_k, dtype=torch.long)
-    positions = 0
-    for ids in token_lists:
-        greedy = target(input_ids=torch.tensor([ids], device=target.device), use_cache=False).logits[0].argmax(-1)
-        hits += rank_hits(greedy, lm.teacher_forced(ids), top_k)
-        positions += len(ids)
-    return hits.tolist(), positions
 
 
 def weights_fingerprint(model) -> str:

@@ -128,6 +128,11 @@ class SAMDecoding(Drafter):
             if self.matcher is not None:
                 self.matcher.extend(prompt_ids)
 
+    def forget(self) -> None:
+        """The Token Recycling fallback's table back to zeros (the automata are per request)."""
+        if self.table is not None:
+            self.table.reset()
+
     def recall(self, prompt_ids: list[int], output_ids: list[int]) -> bool:
         """The automata are per request; the Token Recycling fallback's table, kept across requests, holds the
         target's top-k of every verified row: with it the generation runs again (False)."""

@@ -164,6 +164,12 @@ class SelfDraft(Drafter):
         self.corpus_cfg = corpus
         self.corpus_cache: CorpusCache | None = None
         self.target = None  # the target model (diagonal filling runs the pads on it once per generation)
+        self.forget()
+
+    # -- Drafter interface -------------------------------------------------------------------------
+
+    def forget(self) -> None:
+        """An empty context cache, no conversation or generation seen (the corpus cache stays: read once per run)."""
         self.pool = NGramPool(self.max_val_len, "max_val_len")  # persists across generations
         self.snapshot = self.pool  # the context cache as the latest new prompt found it
         self.conversations = 0
@@ -175,8 +181,6 @@ class SelfDraft(Drafter):
         self.caps: list[int] = []
         self.harvested = 0  # committed tokens already keyed into the context cache this generation
         self._step_candidates: tuple[list, list] = ([], [])
-
-    # -- Drafter interface -------------------------------------------------------------------------
 
     def setup(self, target, tokenizer) -> None:
         """Keep the target; load (or build once) the corpus cache for its tokenizer."""

@@ -33,7 +33,11 @@ class SpeDe(DraftModelDrafter):
         """Per generation: a fresh draft cache; gamma restarts unless the schedule is HF's persistent one."""
         super().reset(prompt_ids)
         if self.schedule != "heuristic":
-            self.gamma = self.initial_gamma
+            self.forget()
+
+    def forget(self) -> None:
+        """Gamma back to its start (HF's persistent ``heuristic`` schedule carries it across generations)."""
+        self.gamma = self.initial_gamma
 
     def recall(self, prompt_ids: list[int], output_ids: list[int]) -> bool:
         """HF's persistent ``heuristic`` schedule carries gamma, moved by every step's acceptance, across generations:
@@ -51,7 +55,7 @@ class SpeDe(DraftModelDrafter):
         tokens: list[int] = []
         rows: list[torch.Tensor] = []  # q per drafted token when drafts are sampled (none for top-k drafts)
         while True:
-            (token,), q = self.pick(logits, 1, ctx.generator)
+            (token,), q = self.pick(logits, 1, ctx)
             tokens.append(token)
             if q is not None:
                 rows.append(q)

@@ -72,6 +72,10 @@ class SuffixDecoding(Drafter):
 
     def setup(self, target, tokenizer) -> None:
         """Start the run with empty trees (the global tree then learns across the run's requests)."""
+        self.forget()
+
+    def forget(self) -> None:
+        """Empty trees and no request in flight."""
         self._new_run()
 
     def reset(self, prompt_ids: list[int]) -> None:

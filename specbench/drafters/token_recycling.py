@@ -60,6 +60,10 @@ class TokenRecycling(Drafter):
             raise ConfigError(f"{knob_name('topk', 'k')} = {self.topk} exceeds the target's vocabulary ({vocab})")
         rows = max(vocab, target.get_input_embeddings().num_embeddings)
         self.table = SuccessorTable(rows, self.topk, target.device)
+
+    def forget(self) -> None:
+        """``M`` back to zeros, no generation counted."""
+        self._table().reset()
         self.generations = 0
 
     def reset(self, prompt_ids: list[int]) -> None:

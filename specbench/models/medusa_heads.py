@@ -183,14 +183,18 @@ def heads_from_state(state: dict[str, torch.Tensor], target: PreTrainedModel) ->
 
 def random_heads(target: PreTrainedModel, num_heads: int, seed: int, num_layers: int = 1) -> MedusaHeads:
     """Seeded random heads sharing the target's LM head (tests and smoke runs of the machinery)."""
-    lm_head = target.get_output_embeddings()
-    vocab, hidden = lm_head.weight.shape
-    heads = MedusaHeads(hidden, vocab, num_heads, num_layers, lm_head)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in heads.parameters():
-            param.copy_(torch.randn(param.shape, generator=generator) / hidden**0.5)
-    return heads.to(device=lm_head.weight.device, dtype=lm_head.weight.dtype).eval().requires_grad_(False)
+    hidden = target.get_output_embeddings().weight.shape[1]
+    return heads_from_state(random_state(hidden, num_heads, num_layers, seed), target)
+
+
+def random_state(hidden: int, num_heads: int, num_layers: int, seed: int) -> dict[str, torch.Tensor]:
+    """The residual blocks of seeded random heads that share the target's LM head, in the checkpoint layout."""
+    generator, state = torch.Generator().manual_seed(seed), {}
+    for k in range(num_heads):
+        for layer in range(num_layers):
+            state[f"{k}.{layer}.linear.weight"] = torch.randn(hidden, hidden, generator=generator) / hidden**0.5
+            state[f"{k}.{layer}.linear.bias"] = torch.randn(hidden, generator=generator) / hidden**0.5
+    return state
 
 
 def read_tensors(path: Path, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -256,18 +260,23 @@ def _read_checkpoint(files: CheckpointFiles, cached_only: bool) -> dict[str, tor
     for name in WEIGHT_FILES:
         if (file := files.get(name, cached_only)) is not None:
             return read_tensors(file)
+    return bundled_tensors(files, BUNDLED_PREFIX, cached_only)
+
+
+def bundled_tensors(files: CheckpointFiles, prefix: str, cached_only: bool) -> dict[str, torch.Tensor] | None:
+    """The tensors under ``prefix`` (removed) in a model's own weight files, single or sharded; None if absent."""
     for name in BUNDLED_FILES:
         if (file := files.get(name, cached_only)) is None:
             continue
         if not name.endswith(".index.json"):
-            return read_tensors(file, BUNDLED_PREFIX) or None
+            return read_tensors(file, prefix) or None
         weight_map = json.loads(file.read_text())["weight_map"]
-        shards = sorted({shard for key, shard in weight_map.items() if key.startswith(BUNDLED_PREFIX)})
+        shards = sorted({shard for key, shard in weight_map.items() if key.startswith(prefix)})
         state: dict[str, torch.Tensor] = {}
         for shard in shards:
             if (shard_file := files.get(shard, cached_only)) is None:
                 return None  # e.g. the index is cached but this shard is not
-            state.update(read_tensors(shard_file, BUNDLED_PREFIX))
+            state.update(read_tensors(shard_file, prefix))
         return state or None
     return None
 
@@ -335,3 +344,87 @@ def save_heads(heads: MedusaHeads, folder: Path, base_model: str, training: dict
         "shares_lm_head": heads.shares_lm_head,
     }
     save_trained_heads(folder, "Medusa heads", WEIGHT_FILES[0], heads.checkpoint_state(), CONFIG_FILE, config, training)
+
+
+# -- vLLM's Medusa ------------------------------------------------------------------------------------
+
+
+def node_state(node, target_name: str, hidden: int) -> tuple[dict[str, torch.Tensor], str]:
+    """The checkpoint-layout state dict of the heads a ``medusa:`` node names, read from files (no target loaded),
+    and how runs name them (as ``load_heads``'s ``LoadedHeads.part``)."""
+    source = head_source(node, "medusa", target_name)
+    if source == "hub":
+        files = CheckpointFiles(node["path"], node.get("revision"))
+        state = cached_then_hub(files, lambda cached: _read_checkpoint(files, cached), bool, "Medusa heads medusa")
+        if state is None:
+            raise ConfigError(f"'{node['path']}' holds no Medusa heads (looked for {', '.join(WEIGHT_FILES)})")
+        return state, f"medusa:{node['path']}"
+    if source == "trained":
+        folder, manifest = part_kind("medusa").built(target_name)
+        return read_tensors(folder / WEIGHT_FILES[0]), part_name("medusa", folder, manifest)
+    seed = int(node.get("seed", 0))
+    state = random_state(hidden, int(node.get("num_heads", 4)), int(node.get("num_layers", 1)), seed)
+    return state, f"medusa:random(seed={seed})"
+
+
+def output_embedding(target_path: str, revision: str | None) -> torch.Tensor:
+    """The target's LM head weight [vocab, hidden] read from its checkpoint files (the input embedding when tied)."""
+    files = CheckpointFiles(target_path, revision)
+    for prefix in ("lm_head.", "model.embed_tokens."):
+        try:
+            found = bundled_tensors(files, prefix, cached_only=files.local)
+        except OSError as error:  # a Hub target neither cached nor reachable
+            raise ModelUnavailable(f"the target's checkpoint {target_path} cannot be read: {error}") from None
+        if found and "weight" in found:
+            return found["weight"]
+    raise ConfigError(f"no lm_head.weight or model.embed_tokens.weight in the checkpoint {target_path}")
+
+
+def vllm_state(state: dict[str, torch.Tensor], lm_head: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """A checkpoint-layout state dict in the names vLLM's Medusa model loads: residual layers as
+    ``blocks.{k}.layers.{l}.weight|bias``, output layers as ``lm_heads.{k}.weight``; heads that share the target's LM
+    head (``lm_head`` given) carry it once, as ``lm_heads.0.weight`` (read with ``original_lm_head``)."""
+    renamed = {}
+    for key, tensor in state.items():
+        match = KEY_PATTERN.match(key)
+        assert match is not None  # checked by checkpoint_layout
+        head, layer, kind = match.groups()
+        output = kind == "weight"
+        renamed[f"lm_heads.{head}.weight" if output else f"blocks.{head}.layers.{layer}.{kind.split('.')[1]}"] = tensor
+    if lm_head is not None:
+        renamed["lm_heads.0.weight"] = lm_head.contiguous()
+    return renamed
+
+
+def vllm_checkpoint(node, target_name: str, target_path: str, revision: str | None) -> tuple[str, str]:
+    """The heads a ``medusa:`` node names as a folder vLLM's ``medusa`` speculation loads (written once under
+    ``$SPECBENCH_CACHE/vllm/medusa/``: config.json and model.safetensors, the residual layers with their biases), and
+    how runs name them. vLLM drafts the top-1 token of each head: a chain."""
+    from safetensors.torch import save_file
+    from transformers import AutoConfig
+
+    from specbench.files import atomic_dir
+    from specbench.manifest import digest
+    from specbench.paths import cache_root
+
+    target = AutoConfig.from_pretrained(target_path, revision=revision)
+    state, part = node_state(node, target_name, target.hidden_size)
+    num_heads, num_layers, own_output = checkpoint_layout(state)
+    folder = cache_root() / "vllm" / "medusa" / digest({"part": part, "target": target_path, "revision": revision})
+    if (folder / "model.safetensors").is_file():
+        return str(folder), part
+    config = {
+        "model_type": "medusa",
+        "architectures": ["MedusaModel"],
+        "num_heads": num_heads,
+        "num_hidden_layers": num_layers,
+        "hidden_size": target.hidden_size,
+        "vocab_size": target.vocab_size,
+        "medusa_fc_bias": True,  # the residual layers have biases (vLLM's default drops them)
+        "original_lm_head": not own_output,  # one LM head, the target's, for every head
+    }
+    lm_head = None if own_output else output_embedding(target_path, revision)
+    with atomic_dir(folder) as staging:
+        save_file(vllm_state(state, lm_head), str(staging / "model.safetensors"))
+        (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    return str(folder), part

@@ -1,7 +1,8 @@
 """The kinds of part a method reads beside its target, each declared once: its config node, trainer, cache folder.
 
 A part is something a method needs besides the target's own weights and that specbench can build for a target
-(a distilled draft model, Medusa / EAGLE / EAGLE-3 / Hydra heads, a draft-vocabulary ranking). Everything that
+(a distilled draft model, Medusa / EAGLE / EAGLE-3 / Hydra heads, a draft-vocabulary ranking, Draft&Verify's searched
+skipped set, Sequoia's measured acceptance vector). Everything that
 needs to know about part kinds reads this table: the runner (which model nodes are parts, which enter the
 configuration digest only through the method that reads them), the reproduction plan (which parts a pending job
 needs trained) and ``python -m specbench.train`` (its subcommands). Adding a trained method adds one entry here.
@@ -9,12 +10,15 @@ needs trained) and ``python -m specbench.train`` (its subcommands). Adding a tra
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
+from omegaconf import DictConfig
+
 from specbench.errors import ModelUnavailable
-from specbench.manifest import finished_manifest
+from specbench.manifest import digest, finished_manifest
 from specbench.paths import cache_root
 
 
@@ -37,10 +41,17 @@ class PartKind:
     node: str | None = None  # the model-config node that names it (None: read through a method key only)
     built_source: str = "trained"  # the node's ``source`` value that means "the part this trainer built"
     digest: DigestRoute = DigestRoute.METHOD
+    needed_by: Callable[[DictConfig], bool] | None = None  # a part the method's own settings key (no model node):
+    # whether a run config needs it built; the trainer then takes the run's method overrides, and skips a built one
 
     def folder(self, target_name: str) -> Path:
         """Where the trainer writes this part for ``target_name``."""
         return cache_root() / self.folder_pattern.format(target=target_name)
+
+    def keyed_file(self, target_name: str, key: dict) -> Path:
+        """Where the trainer stores the part for ``target_name`` built at the settings ``key`` (a part the method's
+        settings key: one file per key)."""
+        return self.folder(target_name) / f"{digest(key)}.json"
 
     def command_line(self, target_name: str) -> str:
         """The command that builds this part for ``target_name``."""
@@ -56,6 +67,18 @@ class PartKind:
                 f"Train with: {self.command_line(target_name)}"
             )
         return folder, finished_manifest(folder, self.title, self.command_line(target_name))
+
+
+def searches_layer_skip(cfg: DictConfig) -> bool:
+    """Whether the run's method searches a skipped set (Draft&Verify on a model config that gives none)."""
+    drafter = cfg.method.get("drafter") or {}
+    return drafter.get("search") is not None and drafter.get("layers") is None
+
+
+def measures_acceptance_vector(cfg: DictConfig) -> bool:
+    """Whether the run's method builds Sequoia's tree from a measured acceptance vector (none given)."""
+    drafter = cfg.method.get("drafter") or {}
+    return drafter.get("shape") == "sequoia" and drafter.get("acceptance_vector") is None
 
 
 PART_KINDS: dict[str, PartKind] = {
@@ -105,6 +128,22 @@ PART_KINDS: dict[str, PartKind] = {
             node="hydra",
         ),
         PartKind(
+            "layer_skip",
+            "specbench.train.layer_skip",
+            "search Draft&Verify's skipped sub-layers for speed on calibration prompts (method.drafter.search)",
+            "Draft&Verify skipped set",
+            "layer_skip/{target}",
+            needed_by=searches_layer_skip,
+        ),
+        PartKind(
+            "sequoia",
+            "specbench.train.sequoia",
+            "measure Sequoia's acceptance vector of the target and its draft (method.drafter.calibration)",
+            "Sequoia acceptance vector",
+            "sequoia/{target}",
+            needed_by=measures_acceptance_vector,
+        ),
+        PartKind(
             "vocab",
             "specbench.train.vocab",
             "count the target's tokens in its answers (method.drafter.draft_vocab)",
@@ -117,7 +156,7 @@ PART_KINDS: dict[str, PartKind] = {
 
 GIVEN_PART_NODES = ("layer_skip",)
 """Model-config nodes that name a method's part which is given in the config (Draft&Verify's skipped sub-layers,
-as its authors published them), not built by a trainer."""
+as its authors published them; without one, the ``layer_skip`` trainer searches a set), not built by a trainer."""
 
 
 def part_kind(command: str) -> PartKind:

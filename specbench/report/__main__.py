@@ -1,5 +1,5 @@
-"""``python -m specbench.report RUN_DIR [RUN_DIR...] [--csv OUT.csv] [--divergences] [--by category]
-[--merge-repeats] [--view runs|steps|latency|cost|acceptance|drafting|batch|crosscheck|crosscheck_prompts]
+"""``python -m specbench.report RUN_DIR [RUN_DIR...] [--csv OUT.csv] [--divergences [--diagnose]] [--by category]
+[--merge-repeats] [--view runs|steps|latency|cost|acceptance|drafting|batch|length|crosscheck|crosscheck_prompts]
 [--ar same|eager|compiled] [--plot OUT.png] [--quality] [--reprice CURVE]``:
 the report table of stored runs, with speedup against AR."""
 
@@ -14,12 +14,25 @@ from specbench.cli import ArgumentParser, user_errors
 from specbench.errors import StorageError
 from specbench.report.budgets import curves_in, reprice_table
 from specbench.report.compare import AR_BASELINES, divergences, provenance_warning
+from specbench.report.diagnosis import MAX_SAMPLES, diagnose
 from specbench.report.plot import FIGURES, save_figure
 from specbench.report.quality import quality_table
 from specbench.report.read import load
-from specbench.report.view import VIEWS, divergence_text, format_table, quality_text, report_table, reprice_text
+from specbench.report.view import (
+    VIEWS,
+    diagnosis_text,
+    divergence_text,
+    format_table,
+    quality_text,
+    report_table,
+    reprice_text,
+)
 
-FIGURE_TITLES = {"acceptance": "acceptance by draft depth", "batch": "speedup and tokens per step against batch size"}
+FIGURE_TITLES = {
+    "acceptance": "acceptance by draft depth",
+    "batch": "speedup and tokens per step against batch size",
+    "length": "speedup, tokens per step and step latency against input length",
+}
 
 
 def _parser() -> ArgumentParser:
@@ -29,6 +42,22 @@ def _parser() -> ArgumentParser:
     parser.add_argument("--csv", metavar="OUT.csv", help="also write the table (full precision)")
     parser.add_argument(
         "--divergences", action="store_true", help="also list the samples that differ from AR and where"
+    )
+    parser.add_argument(
+        "--diagnose",
+        action="store_true",
+        help="with --divergences: judge each run's first divergent turns (at most --max-samples per run): the logit "
+        "gap at the divergence and float64 reruns of the method and AR, numeric (a near tie) or BUG; exit 1 on a BUG "
+        "(loads the runs' models)",
+    )
+    parser.add_argument(
+        "--max-samples", type=int, default=MAX_SAMPLES, help="with --diagnose: divergent samples judged per run"
+    )
+    parser.add_argument(
+        "--gap",
+        type=float,
+        help="with --diagnose: the largest logit gap counted as a near tie (default: 16 rounding steps of the run's "
+        "dtype at the logit's magnitude, at least 1e-4)",
     )
     parser.add_argument(
         "--by", metavar="FIELD", help="one row per run and value of a sample field, e.g. --by category (MT-Bench)"
@@ -74,7 +103,8 @@ def _parser() -> ArgumentParser:
         "--plot",
         metavar="OUT.png",
         help="with --view acceptance: also draw the acceptance by depth of each run; with --view batch: speedup and "
-        "tokens per step against the batch size",
+        "tokens per step against the batch size; with --view length: speedup, tokens per step and step latency against "
+        "the input length",
     )
     return parser
 
@@ -89,13 +119,19 @@ def written(option: str, path: str) -> Iterator[None]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Print the report table of the given runs; exit 2 with a message when they cannot be read."""
+    """Print the report table of the given runs; exit 2 with a message when they cannot be read, 1 when
+    ``--diagnose`` finds a divergence that numerics do not explain."""
     parser = _parser()
     args = parser.parse_args(argv)
     if args.plot and args.view not in FIGURES:
-        parser.error(f"--plot draws the views {sorted(FIGURES)}: add --view acceptance or --view batch")
+        parser.error(f"--plot draws the views {sorted(FIGURES)}: add --view " + " or --view ".join(sorted(FIGURES)))
     if args.quality and args.merge_repeats:
         parser.error("--quality scores single runs: leave out --merge-repeats")
+    if args.diagnose and not args.divergences:
+        parser.error("--diagnose judges the divergences: add --divergences")
+    if args.max_samples < 1:
+        parser.error(f"--max-samples must be >= 1 (got {args.max_samples})")
+    bug = False
     with user_errors(argv):
         curves = curves_in(Path(args.reprice)) if args.reprice else []
         runs, samples = load(args.paths, args.by, args.merge_repeats)
@@ -116,7 +152,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     elif args.plot:
         with user_errors(argv), written("--plot", args.plot):
             print(f"wrote {save_figure(args.view, report, Path(args.plot), FIGURE_TITLES[args.view])}")
-    if args.divergences:
+    if args.divergences and args.diagnose:
+        print()
+        with user_errors(argv):
+            judged = diagnose(runs, samples, args.max_samples, args.gap)
+        print(diagnosis_text(judged))
+        bug = bool((judged["verdict"] == "BUG").any())
+    elif args.divergences:
         print()
         print(divergence_text(divergences(runs, samples)))
     if args.quality:
@@ -127,6 +169,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print()
         with user_errors(argv):
             print(reprice_text(reprice_table(runs, curves)))
+    if bug:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The report's figures: acceptance by draft depth of each run (``--view acceptance --plot OUT.png``, and the
-``acceptance.png`` every benchmark session writes), and speedup and tokens per step against the batch size
-(``--view batch --plot OUT.png``, the ``batch.png`` of a session that sweeps it)."""
+``acceptance.png`` every benchmark session writes), speedup and tokens per step against the batch size
+(``--view batch --plot OUT.png``, the ``batch.png`` of a session that sweeps it), and speedup, tokens per step and
+step latency against the input length (``--view length --plot OUT.png``)."""
 
 from __future__ import annotations
 
@@ -63,7 +64,32 @@ def batch_figure(table: pd.DataFrame, title: str) -> Figure:
     return fig
 
 
-FIGURES = {"acceptance": acceptance_figure, "batch": batch_figure}
+LENGTH_PANELS = {
+    "speedup": "speedup over AR at the same input length",
+    "tokens_per_step": "tokens per step",
+    "step_latency_s": "step latency (s)",
+}
+
+
+def length_figure(table: pd.DataFrame, title: str) -> Figure:
+    """Speedup, tokens per step and step latency against the mean prompt length, one line per method of a
+    ``length`` table."""
+    fig = Figure(figsize=(14, 3.8), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(LENGTH_PANELS), sharex=True)
+    for ax, (column, label) in zip(axes, LENGTH_PANELS.items(), strict=True):
+        for method, rows in table.groupby("method", sort=False):
+            rows = rows.sort_values("prompt_tokens_mean")
+            ax.plot(rows["prompt_tokens_mean"], rows[column], marker="o", label=str(method))
+        ax.set(title=label, xlabel="input length (prompt tokens, mean)", xscale="log", ylabel=column)
+        ax.grid(alpha=0.3)
+    axes[0].axhline(1.0, color="grey", linewidth=0.8)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title)
+    return fig
+
+
+FIGURES = {"acceptance": acceptance_figure, "batch": batch_figure, "length": length_figure}
 """The views ``--plot`` draws, and how."""
 
 

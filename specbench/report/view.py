@@ -128,6 +128,22 @@ BATCH_COLUMNS = [
     "ttft_p50_s",
     "tpot_s",
 ]
+# Input length: each run at its mean prompt length, speedup over the AR of the same length, and where a step's time
+# goes as the KV cache grows (the verify forward reads all of it).
+LENGTH_COLUMNS = [
+    "run",
+    "method",
+    "prompt_tokens_mean",
+    "n_samples",
+    "tokens_per_step",
+    "throughput_total",
+    "speedup",
+    "exact_match_rate",
+    "ttft_p50_s",
+    "step_latency_s",
+    "draft_share",
+    "verify_share",
+]
 VIEWS = {
     "runs": TABLE_COLUMNS,
     "steps": STEP_COLUMNS,
@@ -136,6 +152,7 @@ VIEWS = {
     "acceptance": ACCEPTANCE_COLUMNS,
     "drafting": DRAFTING_COLUMNS,
     "batch": BATCH_COLUMNS,
+    "length": LENGTH_COLUMNS,
     "crosscheck": CROSS_COLUMNS,
     "crosscheck_prompts": CROSS_PROMPT_COLUMNS,
 }
@@ -198,6 +215,7 @@ DISPLAY_NAMES = {
     "achieved_over_modelled": "achieved/model",
     "achieved_over_predicted": "achieved/pred",
     "batch_size": "batch",
+    "prompt_tokens_mean": "prompt_tok",
     "tokens_per_step_hf": "tok/step_hf",
     "tokens_per_step_vllm": "tok/step_vllm",
     "drafted_share_hf": "drafted_hf",
@@ -291,6 +309,15 @@ def reprice_text(repriced: pd.DataFrame) -> str:
     if repriced.empty:
         return "no budget=auto run whose calibration recorded its forward shapes (runs before they were recorded)"
     return format_table(repriced)
+
+
+def diagnosis_text(judged: pd.DataFrame) -> str:
+    """The divergence table with each divergence's diagnosis (``report.diagnosis``; logit gaps in scientific notation:
+    a near tie is far below 0.01), or a line saying none differs."""
+    if judged.empty:
+        return "no compared sample differs from its AR baseline"
+    shown = _for_display(judged.drop(columns="exact_match"))
+    return shown.to_string(index=False, float_format="{:.2e}".format, na_rep="-")
 
 
 def divergence_text(compared: pd.DataFrame) -> str:

@@ -65,6 +65,9 @@ def changed_knobs(summary: dict) -> dict:
     """The method knobs a run set away from the method's defaults: {"method.drafter.nodes": 10, ...}."""
     sampling = summary["sampling"]
     knobs = flatten(without_locations(summary["hyperparameters"]), "method.")
+    for key in ("temperature", "top_p"):  # older runs: the run's sampling, interpolated into the drafter's node
+        if f"method.drafter.{key}" in knobs and knobs[f"method.drafter.{key}"] == sampling[key]:
+            knobs.pop(f"method.drafter.{key}")
     defaults = default_knobs(summary["method"], summary["model"], sampling["temperature"], sampling["top_p"])
     return {key: value for key, value in knobs.items() if key not in defaults or defaults[key] != value}
 

@@ -146,7 +146,7 @@ class TreeLayout:
         return [root, *(top[depth - 1][rank] for depth, rank in zip(self.depths, self.ranks))]
 
 
-TREE_KINDS = ("sparse", "dense", "choices")
+TREE_KINDS = ("sparse", "dense", "choices", "chain")
 
 
 def tree_paths(
@@ -162,7 +162,9 @@ def tree_paths(
     max_depth = tree_cfg.get("max_depth") or num_heads
     if not 1 <= max_depth <= num_heads:
         raise ConfigError(f"method.drafter.tree.max_depth must be in [1, {num_heads}] (the heads); got {max_depth}")
-    if kind == "dense":
+    if kind == "chain":  # the top-1 token of every head (vLLM's Medusa drafts this)
+        paths, label = [[0] * depth for depth in range(1, max_depth + 1)], "chain"
+    elif kind == "dense":
         paths, label = dense_paths(list(tree_cfg.get("sizes") or [])), "dense"
     elif kind == "sparse":
         budget = int(tree_cfg.get("node_budget", 63))

@@ -15,7 +15,8 @@ COMMANDS = {name: (kind.trainer, kind.summary) for name, kind in PART_KINDS.item
 def usage() -> str:
     """The command line and the list of subcommands."""
     lines = ["usage: python -m specbench.train {" + ",".join(COMMANDS) + "} [hydra overrides...]", "", "subcommands:"]
-    lines += [f"  {name:8s}{help_text}" for name, (_, help_text) in COMMANDS.items()]
+    width = max(map(len, COMMANDS)) + 2
+    lines += [f"  {name:{width}s}{help_text}" for name, (_, help_text) in COMMANDS.items()]
     lines += ["", "example: python -m specbench.train draft model=smollm2_135m train.steps=300"]
     return "\n".join(lines)
 

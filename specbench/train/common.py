@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import time
@@ -15,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from specbench.config import compose_config
 from specbench.errors import ConfigError
 from specbench.files import write_atomic
+from specbench.manifest import digest
 from specbench.models.loading import LoadedModel, load_model, resolve_device, resolve_dtype
 from specbench.paths import cache_root
 from specbench.settings import setting_problems
@@ -134,11 +134,6 @@ def check_types(cfg: DictConfig, schema: type, what: str) -> None:
     problems = setting_problems(cfg, schema)
     if problems:
         raise ConfigError(f"invalid {what} settings: " + "; ".join(problems))
-
-
-def digest(obj) -> str:
-    """A short sha256 of a JSON-serializable object (settings, token lists), stable across runs."""
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def container(node) -> dict:

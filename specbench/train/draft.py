@@ -32,7 +32,7 @@ from tqdm import tqdm
 from specbench import environment
 from specbench.errors import ConfigError
 from specbench.files import atomic_dir, building
-from specbench.manifest import trained_with, write_manifest
+from specbench.manifest import digest, trained_with, write_manifest
 from specbench.models.parts import part_kind
 from specbench.train.agreement import agreement_report, expected_speedup, latency_report
 from specbench.train.batches import Batch, answer_logits, check_soft_labels, collate
@@ -44,7 +44,6 @@ from specbench.train.common import (
     compose_train,
     container,
     data_problems,
-    digest,
     load_target,
     write_json,
 )

@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 
 from specbench.errors import ConfigError
 from specbench.files import building
-from specbench.manifest import finished_training
+from specbench.manifest import digest, finished_training
 from specbench.models.loading import LoadedModel
 from specbench.models.parts import part_kind
 from specbench.train.common import (
@@ -31,7 +31,6 @@ from specbench.train.common import (
     compose_train,
     container,
     data_problems,
-    digest,
     head_training_checks,
     load_target,
     model_identity,

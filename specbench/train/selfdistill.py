@@ -32,9 +32,10 @@ from specbench.core.acceptance import sampling_problems
 from specbench.data.prompts import conversation, render
 from specbench.errors import ConfigError
 from specbench.files import write_atomic
+from specbench.manifest import digest
 from specbench.models.loading import LoadedModel
 from specbench.paths import cache_root
-from specbench.train.common import container, digest, model_identity
+from specbench.train.common import container, model_identity
 from specbench.train.sources import SOURCES, drop_evaluation_prompts, source_prompts
 
 FORMAT_VERSION = 1

@@ -12,9 +12,10 @@ from collections import Counter
 from pathlib import Path
 
 from specbench.files import write_atomic
+from specbench.manifest import digest
 from specbench.models.parts import part_kind
 from specbench.models.vocab import RANKING_FILE, most_frequent
-from specbench.train.common import compose_train, digest, load_target, model_identity
+from specbench.train.common import compose_train, load_target, model_identity
 from specbench.train.selfdistill import data_summary, self_distilled, validate
 
 COVERAGE_SIZES = (1024, 2048, 4096, 8192, 16384)  # draft vocabulary sizes whose coverage the command prints

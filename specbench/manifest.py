@@ -31,6 +31,12 @@ def digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def model_identity(model) -> dict:
+    """What decides a loaded model's outputs, as part keys record it: its weights' origin, dtype and architecture."""
+    config = {k: v for k, v in model.config.to_dict().items() if not k.startswith("_") and k != "transformers_version"}
+    return {"path": str(getattr(model, "name_or_path", "")), "dtype": str(model.dtype), "config": digest(config)}
+
+
 def files_digest(folder: Path, names: list[str]) -> str:
     """sha256 (16 hex digits) over the named files' bytes, in order: the identity of trained weights."""
     digest = hashlib.sha256()

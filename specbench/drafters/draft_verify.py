@@ -29,7 +29,7 @@ from specbench.core.tree import DraftTree
 from specbench.core.verify import compact_cache
 from specbench.drafters.tree_fill import pick_children
 from specbench.errors import ConfigError, ModelUnavailable
-from specbench.manifest import digest
+from specbench.manifest import digest, model_identity
 from specbench.models.layer_skip import LayerSkip, SkipSet
 from specbench.models.loading import eos_token_ids
 from specbench.models.parts import part_kind
@@ -266,9 +266,3 @@ class DraftVerify(Drafter):
             "skipped_fraction": self.skipper.skipped_fraction if self.skipper else 0.0,
             "layer_search": self.search_record,
         }
-
-
-def model_identity(target) -> dict:
-    """What decides a target's speed and outputs: its weights' origin, dtype and architecture."""
-    config = {k: v for k, v in target.config.to_dict().items() if not k.startswith("_") and k != "transformers_version"}
-    return {"path": str(getattr(target, "name_or_path", "")), "dtype": str(target.dtype), "config": digest(config)}

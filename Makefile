@@ -20,7 +20,7 @@ SHARED ?= $(abspath ../shared)
 export SPECBENCH_DATA_DIR ?= $(SHARED)/datasets
 export SPECBENCH_CORPUS_DIR ?= $(SHARED)/corpus/sotu_1946_2026
 
-.PHONY: install engine-vllm lock lock-upgrade check-latest demo test test-fast fuzz lint bench-ar bench-model-free bench-engines bench-crosscheck bench-draft bench-medusa bench-eagle bench-quality bench-auto bench-figures bench-all train-draft train-medusa \
+.PHONY: install engine-vllm lock lock-upgrade check-latest demo test test-fast fuzz lint bench-ar bench-verification bench-model-free bench-engines bench-crosscheck bench-draft bench-medusa bench-eagle bench-quality bench-auto bench-figures bench-all train-draft train-medusa \
 	train-hydra train-eagle train-eagle3 train-layer-skip train-vocab profile report notebook \
 	reproduce-tables reproduce-run reproduce-build parity clean
 
@@ -83,6 +83,9 @@ lint: install  ## ruff (lint + format check) and mypy over the package, as CI ru
 bench-model-free: install train-layer-skip  ## AR, HF prompt lookup, PLD, ANPD, Lookahead, LADE, Self-Draft, SuffixDecoding, Token Recycling, SAM, REST, Draft&Verify: code, then chat
 	$(PY) -m specbench.bench model_free
 	$(PY) -m specbench.bench model_free --dataset mt_bench
+
+bench-verification: install train-draft train-layer-skip  ## SpeDe and Draft&Verify at T = 0.7: token-wise vs block verification, three seeds
+	$(PY) -m specbench.bench verification
 
 bench-draft: install train-draft  ## SpeDe vs HF assisted, OPT-Tree vs binary vs static trees, then OPT-Tree sweeps
 	$(PY) -m specbench.bench draft_model

@@ -502,8 +502,9 @@ def steps_of(record: dict) -> dict:
 
 
 def generation_steps(engine: Engine, prompt: tuple[int, ...]) -> dict:
-    """What a greedy generation of ``prompt`` says about its steps (``steps_of`` its record's fields)."""
-    gen = generate(engine, list(prompt), GREEDY_TOKENS)
+    """What a greedy generation of ``prompt`` says about its steps (``steps_of`` its record's fields); seeded, as a
+    run's sample is, so random pads (LADE, Self-Draft) are drawn alike."""
+    gen = generate(engine, list(prompt), GREEDY_TOKENS, seed=0)
     return steps_of({**{field: getattr(gen, field) for field in RESUME_FIELDS}, "drafter_stats": engine.stats()})
 
 

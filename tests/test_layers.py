@@ -45,7 +45,7 @@ LAYERS = [  # lowest first, as docs/design.md#layering draws them; a module belo
             "specbench.bandwidth",
         ),
     ),
-    ("runner", ("specbench.runner", "specbench.budget", "specbench.train.layer_skip")),
+    ("runner", ("specbench.runner", "specbench.budget", "specbench.train.layer_skip", "specbench.train.sequoia")),
     (
         "apps",
         (

@@ -72,8 +72,8 @@ def aggregate(records: Iterable[dict]) -> dict:
     tokens_per_step = _ratio(step_tokens, steps)
     return {
         "n_records": len(records),
-        "prompt_tokens_mean": _ratio(sum(r["prompt_tokens"] or 0 for r in records), len(records))
-        if all(r["prompt_tokens"] is not None for r in records)
+        "prompt_tokens_mean": _ratio(sum(r.get("prompt_tokens") or 0 for r in records), len(records))
+        if all(r.get("prompt_tokens") is not None for r in records)
         else None,
         "new_tokens": new,
         "wall_s": wall,

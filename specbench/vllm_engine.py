@@ -99,8 +99,9 @@ def speculative_config(method_cfg: DictConfig, model_cfg: DictConfig) -> tuple[d
     if not isinstance(node, dict):
         return spec, []
     target = checkpoint_path(model_cfg)
-    if spec["method"] == "medusa":
+    if spec["method"] == "medusa":  # vLLM drafts one token per head: as many as the heads
         location, part = vllm_checkpoint(OmegaConf.create(node), model_cfg.name, target, model_cfg.get("revision"))
+        spec.setdefault("num_speculative_tokens", json.loads((Path(location) / "config.json").read_text())["num_heads"])
     else:
         location, part = draft_location(OmegaConf.create(node), model_cfg.name, target)
     spec["model"] = location

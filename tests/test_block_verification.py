@@ -5,6 +5,7 @@ conformance suite's law check (with a negative control)."""
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
 
 import pytest
@@ -43,7 +44,7 @@ def plan_of(target: Law, draft: Law, prefix: tuple[int, ...], block: tuple[int, 
 
 def stop_chances(plan: BlockPlan) -> list[float]:
     """P(tau = i) for each node i: ``u_i <= h_i`` and no later ``u_j <= h_j``."""
-    return [h * float(torch.prod(torch.tensor([1 - g for g in plan.stop[i + 1 :]]))) for i, h in enumerate(plan.stop)]
+    return [h * math.prod(1 - g for g in plan.stop[i + 1 :]) for i, h in enumerate(plan.stop)]
 
 
 def step_law(target: Law, draft: Law, prefix: tuple[int, ...]) -> dict[tuple[int, ...], float]:
@@ -119,7 +120,7 @@ def test_one_draft_is_token_wise_speculative_sampling():
     target, draft = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]]).double(), torch.tensor([[0.2, 0.6, 0.2]]).double()
     plan = block_plan(target, draft, [1])
     assert plan.stop == pytest.approx([1.0, 0.5])  # stop at the root always; accept w.p. min(1, 0.3 / 0.6)
-    assert plan.emit[0].tolist() == pytest.approx([0.75, 0.0, 0.25])  # norm(max(p - q, 0))
+    assert plan.emit[0].tolist() == pytest.approx([1.0, 0.0, 0.0])  # norm(max(p - q, 0)) = norm([0.3, 0, 0])
     assert torch.equal(plan.emit[1], target[1])  # the bonus: the target's law after the draft
 
 
@@ -140,8 +141,18 @@ def test_a_tree_with_a_branch_is_refused_at_t_above_zero():
 
 
 def test_spede_with_block_verification_samples_the_targets_law():
-    """The rule as the loop runs it: SpeDe's sampled drafts, 600 draws, the conformance suite's two statistics."""
+    """The rule as the loop runs it: SpeDe's sampled drafts, 600 draws, the conformance suite's sampling check."""
     result = conformance.run_check("spede_block", "sampling")
+    assert result.passed, result.detail
+
+
+BLOCK_PLD = ("method.acceptance=block",)
+"""PLD's deterministic chains verified as blocks: drafts the sampling check's drafted-token statistic reads."""
+
+
+def test_block_verification_of_deterministic_chains_samples_the_targets_law(monkeypatch):
+    monkeypatch.setitem(conformance.STAND_IN_OVERRIDES, "pld", BLOCK_PLD)
+    result = conformance.run_check("pld", "sampling")
     assert result.passed, result.detail
 
 
@@ -154,5 +165,6 @@ def test_block_verification_that_emits_the_target_after_a_stop_fails_the_law_che
         return BlockPlan(plan.stop, [targets[i] for i in range(len(plan.emit))])
 
     monkeypatch.setattr(block, "block_plan", biased)
-    result = conformance.run_check("spede_block", "sampling")
+    monkeypatch.setitem(conformance.STAND_IN_OVERRIDES, "pld", BLOCK_PLD)
+    result = conformance.run_check("pld", "sampling")
     assert result.passed is False and "differs from the target" in result.detail, result.detail

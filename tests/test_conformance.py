@@ -73,18 +73,18 @@ def test_every_method_is_covered():
         assert {"builds", "budget", "eos", "forget", "resume"} <= set(applicable), name
 
 
-@pytest.mark.parametrize("method", ["token_recycling", "suffix_decoding"])
-def test_a_drafter_that_keeps_its_memory_through_forget_fails_the_forget_check(monkeypatch, method):
+@pytest.mark.parametrize("name", ["token_recycling", "suffix_decoding"])
+def test_a_drafter_that_keeps_its_memory_through_forget_fails_the_forget_check(monkeypatch, name):
     """Negative control: a drafter whose ``forget`` leaves what it learned across requests (Token Recycling's matrix,
     SuffixDecoding's global tree) starts the next generation from it, and the check names what changed."""
     from specbench.drafters.suffix_decoding import SuffixDecoding
     from specbench.drafters.token_recycling import TokenRecycling
 
-    drafter = {"token_recycling": TokenRecycling, "suffix_decoding": SuffixDecoding}[method]
+    drafter = {"token_recycling": TokenRecycling, "suffix_decoding": SuffixDecoding}[name]
     monkeypatch.setattr(drafter, "forget", lambda self: None)
-    if method == "suffix_decoding":  # setup builds its trees through forget: keep that, skip only the runner's call
+    if name == "suffix_decoding":  # setup builds its trees through forget: keep that, skip only the runner's call
         monkeypatch.setattr(drafter, "setup", lambda self, target, tokenizer: self._new_run())
-    result = conformance.run_check(method, "forget")
+    result = conformance.run_check(name, "forget")
     assert result.passed is False and "after forget" in result.detail, result.detail
 
 

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from specbench.config import compose_config
+from specbench.diagnosis import diagnose
 from specbench.report.__main__ import main as report_main
-from specbench.report.diagnosis import diagnose
 from specbench.report.read import load
 from specbench.runner import Runner
 

@@ -12,6 +12,7 @@ from specbench.drafters.draft_verify import DraftVerify, SearchSettings, skip_se
 from specbench.engines import check_method
 from specbench.errors import ConfigError, ModelUnavailable
 from specbench.models.layer_skip import LayerSkip, SkipSet
+from specbench.models.loading import load_model
 from specbench.structures.bayes_opt import BinarySearch, maximise
 from specbench.train import layer_skip
 from tests.test_anpd_pld import decode, embedded_multi_token_steps, repetitive_prompt
@@ -208,12 +209,14 @@ SEARCH_OVERRIDES = [
 ]
 
 
-def test_the_layer_skip_trainer_searches_once_and_runs_read_its_set(embedded, training_cache, shared_data, monkeypatch):
+def test_the_layer_skip_trainer_searches_once_and_runs_read_its_set(training_cache, shared_data, monkeypatch):
     """Without a given set a run refuses, naming the trainer; the trainer searches (two starting points and one
     proposal) and stores the set where a run of the same method settings finds it; a second search keeps it; other
     drafting knobs are another setting, not searched yet."""
     overrides = ["model=smollm2_135m", f"data_dir={shared_data}", "device=cpu", "dtype=float32", *SEARCH_OVERRIDES]
-    run_method = compose_config(*overrides, "method=draft_verify").method
+    run = compose_config(*overrides, "method=draft_verify")
+    run_method = run.method
+    embedded = load_model(run.model, torch.device("cpu"), torch.float32)  # as a run loads it (the key names it)
     with pytest.raises(ModelUnavailable, match="python -m specbench.train layer_skip model=smollm2_135m"):
         check_method(run_method).setup(embedded.model, embedded.tokenizer)
     path = layer_skip.main([*overrides, "progress=false"])

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from specbench.bench import expand_entries, load_suite
+from specbench.config import compose_config
 from specbench.errors import ConfigError
 from tests.test_datasets import load
 
@@ -51,8 +52,14 @@ def test_a_bucket_the_articles_cannot_fill_is_refused(tmp_path):
         load("long_inputs", tmp_path, "dataset.input_tokens=8")
 
 
-def test_the_suite_pairs_each_length_with_its_own_ar():
-    entries = expand_entries(load_suite("long_inputs"))
-    assert len(entries) == 8 * 4
-    medusa = next(entry for entry in entries if entry.label == "medusa 4096")
-    assert "dataset.input_tokens=4096" in medusa.overrides and medusa.baseline("ar {input_tokens}") == "ar 4096"
+def test_the_suite_runs_one_length_per_session_against_its_own_ar():
+    """A suite runs one dataset: the bucket comes from the command line, and every entry pairs with that session's
+    AR (the dataset's name, long_inputs_<N>, carries the bucket into the report's pairing)."""
+    suite = load_suite("long_inputs")
+    entries = expand_entries(suite)
+    assert (
+        len(entries) == 8
+        and suite.baseline == "ar"
+        and not any("input_tokens" in " ".join(e.overrides) for e in entries)
+    )
+    assert compose_config("dataset=long_inputs", "dataset.input_tokens=4096").dataset.name == "long_inputs_4096"

@@ -154,7 +154,10 @@ def test_spede_runs_its_own_draft_in_vllm():
         (["batch_size=0", "engine=vllm"], "batch_size must be >= 1"),
         (["engine=vllm", "method=hf_generate"], "runs HF generate (method.engine=hf_generate), not a drafter"),
         (["engine=vllm", "method=pld", "budget=auto"], "budget=auto calibrates on the shared loop"),
-        (["engine=vllm", "method=lade"], "has no vLLM counterpart; engine=vllm runs the methods ['ar', 'pld'"),
+        (
+            ["engine=vllm", "method=lade"],
+            "has no vLLM counterpart; engine=vllm runs the methods ['ar', 'medusa', 'pld'",
+        ),
         (["engine=vllm", "model=tiny_llama"], "the tiny random model exists only in memory"),
         (["concurrency=4"], "concurrency=4: the number of requests kept in flight against vLLM's server"),
         (["engine=vllm", "concurrency=4", "batch_size=2"], "without batch_size"),

@@ -14,7 +14,6 @@ from specbench.cli import ArgumentParser, user_errors
 from specbench.errors import StorageError
 from specbench.report.budgets import curves_in, reprice_table
 from specbench.report.compare import AR_BASELINES, divergences, provenance_warning
-from specbench.report.diagnosis import MAX_SAMPLES, diagnose
 from specbench.report.plot import FIGURES, save_figure
 from specbench.report.quality import quality_table
 from specbench.report.read import load
@@ -51,7 +50,7 @@ def _parser() -> ArgumentParser:
         "(loads the runs' models)",
     )
     parser.add_argument(
-        "--max-samples", type=int, default=MAX_SAMPLES, help="with --diagnose: divergent samples judged per run"
+        "--max-samples", type=int, default=20, help="with --diagnose: divergent samples judged per run (default 20)"
     )
     parser.add_argument(
         "--gap",
@@ -155,6 +154,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.divergences and args.diagnose:
         print()
         with user_errors(argv):
+            from specbench.diagnosis import diagnose  # loads models: only the --diagnose command line needs it
+
             judged = diagnose(runs, samples, args.max_samples, args.gap)
         print(diagnosis_text(judged))
         bug = bool((judged["verdict"] == "BUG").any())

@@ -312,8 +312,8 @@ def reprice_text(repriced: pd.DataFrame) -> str:
 
 
 def diagnosis_text(judged: pd.DataFrame) -> str:
-    """The divergence table with each divergence's diagnosis (``report.diagnosis``; logit gaps in scientific notation:
-    a near tie is far below 0.01), or a line saying none differs."""
+    """The divergence table with each divergence's diagnosis (``specbench.diagnosis``; logit gaps in scientific
+    notation: a near tie is far below 0.01), or a line saying none differs."""
     if judged.empty:
         return "no compared sample differs from its AR baseline"
     shown = _for_display(judged.drop(columns="exact_match"))

@@ -162,8 +162,9 @@ def tree_paths(
     max_depth = tree_cfg.get("max_depth") or num_heads
     if not 1 <= max_depth <= num_heads:
         raise ConfigError(f"method.drafter.tree.max_depth must be in [1, {num_heads}] (the heads); got {max_depth}")
+    paths: list
     if kind == "chain":  # the top-1 token of every head (vLLM's Medusa drafts this)
-        paths, label = [[0] * depth for depth in range(1, max_depth + 1)], "chain"
+        paths, label = [(0,) * depth for depth in range(1, max_depth + 1)], "chain"
     elif kind == "dense":
         paths, label = dense_paths(list(tree_cfg.get("sizes") or [])), "dense"
     elif kind == "sparse":

@@ -33,6 +33,7 @@ from specbench.store import CONFIG
 DIAGNOSIS_COLUMNS = ["logit_gap", "near_tie", "float64_agrees", "verdict"]
 """What ``diagnose`` adds to a divergence row."""
 MAX_SAMPLES = 20
+"""Divergent samples judged per run unless the caller says (``report --max-samples``' default)."""
 """Divergent samples diagnosed per run by default (each costs two float64 generations)."""
 
 

@@ -83,21 +83,19 @@ def accept_block(
     nodes = chain_of(tree)
     tokens = [tree.tokens[node] for node in nodes[1:]]
     targets = target_probs(logits.cpu()[nodes], sampling).double()  # [g + 1, vocab]; the generator lives on the CPU
-    drafts = draft_laws(tree, nodes[:-1], targets.shape[1])  # [g, vocab]
+    drafts = draft_laws(tree, nodes[:-1], tokens, targets.shape[1])  # [g, vocab]
     plan = block_plan(targets, drafts, tokens)
     coins = torch.rand(len(nodes), generator=generator, dtype=torch.float64).tolist()  # u_0 .. u_g
     tau = max((i for i, (coin, chance) in enumerate(zip(coins, plan.stop)) if coin <= chance), default=0)
     return Acceptance(nodes[: tau + 1], int(torch.multinomial(plan.emit[tau], 1, generator=generator)))
 
 
-def draft_laws(tree: DraftTree, nodes: list[int], vocab: int) -> torch.Tensor:
-    """The draft laws [len(nodes), vocab] the children of ``nodes`` were drawn from: their ``draft_probs`` rows
-    (normalised), or one-hot at the child's token for deterministic drafts."""
+def draft_laws(tree: DraftTree, nodes: list[int], tokens: list[int], vocab: int) -> torch.Tensor:
+    """The draft laws [len(nodes), vocab] the chain's drafted ``tokens`` were drawn from at ``nodes``: their
+    ``draft_probs`` rows (normalised), or one-hot at the drafted token for deterministic drafts."""
     if tree.draft_probs is not None:
         rows = tree.draft_probs.cpu()[nodes].double()  # [g, vocab]
         return rows / rows.sum(dim=-1, keepdim=True)
-    children = tree.children()
     laws = torch.zeros(len(nodes), vocab, dtype=torch.float64)
-    for row, node in enumerate(nodes):
-        laws[row, tree.tokens[children[node][0]]] = 1.0
+    laws[torch.arange(len(nodes)), torch.tensor(tokens, dtype=torch.long)] = 1.0
     return laws

@@ -60,6 +60,7 @@ from specbench.schema import PHASES
 
 STAND_IN_OVERRIDES: dict[str, tuple[str, ...]] = {
     "self_draft": ("+self_draft_cache=no_corpus",),  # no corpus text to build a cache from
+    "layerskip": ("method.drafter.exit_layer=1",),  # tiny_llama has 2 layers
 }
 """What the tiny model lacks that a method's defaults expect; every other method runs at its defaults."""
 

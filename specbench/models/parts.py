@@ -72,7 +72,8 @@ class PartKind:
 def searches_layer_skip(cfg: DictConfig) -> bool:
     """Whether the run's method searches a skipped set (Draft&Verify on a model config that gives none)."""
     drafter = cfg.method.get("drafter") or {}
-    return drafter.get("search") is not None and drafter.get("layers") is None
+    given = drafter.get("layers") is not None or drafter.get("exit_layer") is not None
+    return drafter.get("search") is not None and not given
 
 
 PART_KINDS: dict[str, PartKind] = {

@@ -90,6 +90,14 @@ PART_KINDS: dict[str, PartKind] = {
             digest=DigestRoute.MODEL,
         ),
         PartKind(
+            "pard",
+            "specbench.train.pard",
+            "adapt the distilled draft to draft K tokens in one forward with mask tokens (PARD)",
+            "PARD draft",
+            "pard/{target}",
+            node="pard",
+        ),
+        PartKind(
             "medusa",
             "specbench.train.medusa",
             "train Medusa heads on the target's self-distilled answers",

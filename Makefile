@@ -21,7 +21,7 @@ export SPECBENCH_DATA_DIR ?= $(SHARED)/datasets
 export SPECBENCH_CORPUS_DIR ?= $(SHARED)/corpus/sotu_1946_2026
 
 .PHONY: install engine-vllm lock lock-upgrade check-latest demo test test-fast fuzz lint bench-ar bench-verification bench-model-free bench-engines bench-crosscheck bench-draft bench-medusa bench-eagle bench-quality bench-auto bench-figures bench-all train-draft train-medusa \
-	train-hydra train-eagle train-eagle3 train-layer-skip train-vocab profile report notebook \
+	train-hydra train-eagle train-eagle3 train-layer-skip train-pard train-vocab profile report notebook \
 	reproduce-tables reproduce-run reproduce-build parity clean
 
 SCALE ?= smoke
@@ -134,6 +134,9 @@ train-eagle: install  ## train the embedded model's EAGLE head once (cached in $
 train-eagle3: install  ## train the embedded model's EAGLE-3 head once (cached in $SPECBENCH_CACHE)
 	$(PY) -m specbench.train eagle3 model=smollm2_135m
 
+train-pard: install train-draft  ## adapt the embedded model's distilled draft into a PARD parallel draft once
+	$(PY) -m specbench.train pard model=smollm2_135m
+
 train-layer-skip: install  ## search the embedded model's Draft&Verify skipped set once (cached in $SPECBENCH_CACHE)
 	$(PY) -m specbench.train layer_skip model=smollm2_135m
 
@@ -144,7 +147,7 @@ bench-auto: install train-draft train-medusa train-eagle train-vocab  ## every m
 	$(PY) -m specbench.bench hardware_aware
 	$(PY) -m specbench.report $$(ls -d results/bench/hardware_aware/*/ | tail -1) --merge-repeats --view cost
 
-bench-all: install train-draft train-medusa train-eagle train-layer-skip  ## every method in one process: step time, time outside the forward, step breakdown
+bench-all: install train-draft train-medusa train-eagle train-layer-skip train-pard  ## every method in one process: step time, time outside the forward, step breakdown
 	$(PY) -m specbench.bench all_methods
 
 bench-ar: install  ## specbench AR vs HF generate greedy throughput on the same prompts, one process

@@ -62,6 +62,7 @@ STAND_IN_OVERRIDES: dict[str, tuple[str, ...]] = {
     "self_draft": ("+self_draft_cache=no_corpus",),  # no corpus text to build a cache from
     # p is measured on C4 (the Hub) by default; tests/test_sequoia_tree.py measures one offline
     "sequoia_tree": ("method.drafter.acceptance_vector=[0.6,0.2,0.1,0.05]",),
+    "layerskip": ("method.drafter.exit_layer=1",),  # tiny_llama has 2 layers
 }
 """What the tiny model lacks that a method's defaults expect; every other method runs at its defaults."""
 

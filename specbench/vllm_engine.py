@@ -86,9 +86,9 @@ def differences(method_cfg: DictConfig) -> dict[str, tuple[Any, Any]]:
 def speculative_config(method_cfg: DictConfig, model_cfg: DictConfig) -> tuple[dict | None, list[str]]:
     """vLLM's ``speculative_config`` for the method (None: no speculation, AR) and the parts it loads.
 
-    A ``model`` entry that is a ``model.draft`` node (SpeDe's draft) becomes the draft's folder or Hub id, found as
-    the shared loop finds it; under ``method: medusa`` it is a ``model.medusa`` node, whose heads are written once in
-    the layout vLLM loads (``medusa_heads.vllm_checkpoint``).
+    A ``model`` entry is a model node of the part kind the counterpart's ``part`` names (default ``draft``): a draft
+    (SpeDe's, PARD's) becomes its folder or Hub id, found as the shared loop finds it; Medusa heads are written once
+    in the layout vLLM loads (``medusa_heads.vllm_checkpoint``).
     """
     node = counterpart(method_cfg).get("speculative_config")
     if node is None:
@@ -98,12 +98,12 @@ def speculative_config(method_cfg: DictConfig, model_cfg: DictConfig) -> tuple[d
     node = spec.get("model")
     if not isinstance(node, dict):
         return spec, []
-    target = checkpoint_path(model_cfg)
-    if spec["method"] == "medusa":  # vLLM drafts one token per head: as many as the heads
+    target, kind = checkpoint_path(model_cfg), counterpart(method_cfg).get("part", "draft")
+    if kind == "medusa":  # vLLM drafts one token per head: as many as the heads
         location, part = vllm_checkpoint(OmegaConf.create(node), model_cfg.name, target, model_cfg.get("revision"))
         spec.setdefault("num_speculative_tokens", json.loads((Path(location) / "config.json").read_text())["num_heads"])
     else:
-        location, part = draft_location(OmegaConf.create(node), model_cfg.name, target)
+        location, part = draft_location(OmegaConf.create(node), model_cfg.name, target, kind)
     spec["model"] = location
     return spec, [part]
 

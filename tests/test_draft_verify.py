@@ -239,3 +239,41 @@ def test_the_layer_skip_trainer_searches_once_and_runs_read_its_set(training_cac
 def test_the_layer_skip_trainer_refuses_a_method_without_a_search():
     with pytest.raises(ConfigError, match="searches no skipped set"):
         layer_skip.main(["method=pld"])
+
+
+def early_exit_argmax(model, tokens: list[int], exit_layer: int) -> int:
+    """The next token of ``model`` run through its first ``exit_layer`` layers only, as transformers' early exit runs
+    its draft (``num_hidden_layers`` lowered for the forward)."""
+    base = model.get_decoder()
+    layers = base.config.num_hidden_layers
+    base.config.num_hidden_layers = exit_layer
+    try:
+        with torch.no_grad():
+            return int(model(torch.tensor([tokens])).logits[0, -1].argmax())
+    finally:
+        base.config.num_hidden_layers = layers
+
+
+def test_layerskip_drafts_what_transformers_early_exit_drafts_and_stays_lossless(tiny):
+    """method=layerskip's drafter (exit_layer E) skips every sub-layer from E on: its first draft of a step is the
+    early exit's argmax, its output AR's, and transformers' own generate(assistant_early_exit=E) gives the same."""
+    from specbench.engines import HFGenerate
+
+    drafter = DraftVerify(exit_layer=1, max_draft=4, threshold=0.0, adaptive_threshold=False)
+    drafter.setup(tiny, None)
+    assert drafter.skipper is not None and drafter.skipper.skip == SkipSet((1,), (1,))  # the tiny model has 2 layers
+    trees, propose = [], drafter.propose
+    drafter.propose = lambda ctx: trees.append((list(ctx.tokens), propose(ctx))) or trees[-1][1]  # type: ignore
+    prompt = repetitive_prompt(1)
+    gen = decode(tiny, drafter, prompt, 24)
+    assert gen.output_ids == ar_greedy(tiny, prompt, 24).output_ids
+    for context, tree in trees:
+        if tree.num_drafted:
+            assert tree.tokens[1] == early_exit_argmax(tiny, context, 1)
+    settings = {"assistant_early_exit": 1, "num_assistant_tokens": 4, "num_assistant_tokens_schedule": "constant"}
+    reference = HFGenerate(tiny, frozenset(), Sampling(), {**settings, "assistant_confidence_threshold": 0.0})
+    assert reference.generate(prompt, 24).output_ids == gen.output_ids
+    with pytest.raises(ConfigError, match="set one"):
+        DraftVerify(exit_layer=1, layers=GIVEN)
+    with pytest.raises(ConfigError, match="must be below the target's 2 layers"):
+        DraftVerify(exit_layer=2).setup(tiny, None)

@@ -1,13 +1,16 @@
 """engine=vllm with vLLM itself (the environment `make engine-vllm` builds; `make test` builds it first): every
 method vLLM runs, on the embedded model in float32, 4 HumanEval prompts x 32 tokens, at batch 1 and 4: outputs equal
-to the shared loop's AR token for token, records that add up, and PLD's and Medusa's (random heads, written in vLLM's
-layout) steps equal to the shared loop's."""
+to the shared loop's AR token for token, records that add up, and the steps of PLD, Medusa (random heads, written in
+vLLM's layout) and PARD (the target as its own parallel draft, one of its ids as the mask token) equal to the shared
+loop's."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +18,8 @@ import torch
 from specbench.config import compose_config
 from specbench.core.acceptance import Sampling
 from specbench.data.base import build_dataset
-from specbench.models.loading import describe_target
+from specbench.models.loading import describe_target, embedded_checkpoint
+from specbench.models.pard import MASK_CONFIG_KEY
 from specbench.runner import Runner
 from specbench.vllm_engine import VLLMEngine, start_vllm, vllm_python
 from tests.conftest import ROOT, SHARED_DATA
@@ -32,9 +36,28 @@ METHODS = {  # each method as vLLM runs it (its `same_when`), so the shared loop
     "suffix_decoding": ("method.drafter.speculation=linear",),
     "spede": ("method.drafter.schedule=constant", "model.draft.source=target"),
     "medusa": ("method.drafter.tree.kind=chain", "model.medusa.source=random", "+model.medusa.num_heads=3"),
+    "pard": ("method.drafter.num_draft_tokens=3",),  # and model.pard.path: the folder pard_draft writes
 }
-SAME_STEPS = ("pld", "medusa")
-"""The methods whose loop run drafts exactly what vLLM drafts (PLD's cut copies; each Medusa head's top-1 token)."""
+SAME_STEPS = ("pld", "medusa", "pard")
+"""The methods whose loop run drafts exactly what vLLM drafts (PLD's cut copies; each Medusa head's top-1 token;
+PARD's row argmaxes)."""
+PARD_MASK = 0
+"""The mask token of the stand-in PARD draft (the target itself): an id that its answers do not use."""
+
+
+@pytest.fixture(scope="module")
+def pard_draft(tmp_path_factory) -> Path:
+    """The stand-in PARD draft both engines load: the embedded model's files with a mask token in its config."""
+    folder = tmp_path_factory.mktemp("pard-draft") / "draft"
+    shutil.copytree(embedded_checkpoint(), folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, MASK_CONFIG_KEY: PARD_MASK}))
+    return folder
+
+
+def method_settings(method: str, pard_draft: Path | None) -> tuple[str, ...]:
+    """``method`` as vLLM runs it, with the stand-in PARD draft for PARD."""
+    return (*METHODS[method], *((f"model.pard.path={pard_draft}",) if method == "pard" else ()))
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +66,12 @@ def environment():
     return vllm_python(compose_config("engine=vllm").engine)
 
 
-def loop_records(tmp_path_factory, method: str) -> list[dict]:
+def loop_records(tmp_path_factory, method: str, pard_draft: Path | None = None) -> list[dict]:
     """The shared loop's records of ``method`` (as vLLM runs it) on the smoke prompts."""
     out = tmp_path_factory.mktemp(f"loop-{method}")
-    Runner(compose_config(*SETTINGS, f"method={method}", *METHODS[method], f"output_dir={out}")).run()
+    Runner(
+        compose_config(*SETTINGS, f"method={method}", *method_settings(method, pard_draft), f"output_dir={out}")
+    ).run()
     return [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
 
 
@@ -64,9 +89,9 @@ def prompts():
     return [dataset.prompt_ids(tokenizer, sample, []) for sample in dataset.samples(PROMPTS)]
 
 
-def served(method: str) -> VLLMEngine:
+def served(method: str, pard_draft: Path | None = None) -> VLLMEngine:
     """vLLM started with ``method``'s counterpart."""
-    cfg = compose_config(*SETTINGS, "engine=vllm", f"method={method}", *METHODS[method])
+    cfg = compose_config(*SETTINGS, "engine=vllm", f"method={method}", *method_settings(method, pard_draft))
     target = describe_target(cfg.model)
     return start_vllm(cfg, Sampling(0.0, 1.0), target.eos_ids, target.context_length)
 
@@ -80,9 +105,11 @@ def check_adds_up(gen, method: str) -> None:
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
-def test_vllm_equals_the_shared_loops_ar_at_batch_1_and_4(method, environment, loop_ar, prompts, tmp_path_factory):
+def test_vllm_equals_the_shared_loops_ar_at_batch_1_and_4(
+    method, environment, loop_ar, prompts, pard_draft, tmp_path_factory
+):
     """Greedy in float32, every output of every method in vLLM equals the shared loop's AR, alone and batched."""
-    engine = served(method)
+    engine = served(method, pard_draft)
     try:
         generator = torch.Generator()
         batched = engine.generate_batch(prompts, TOKENS, [generator] * len(prompts))
@@ -94,7 +121,7 @@ def test_vllm_equals_the_shared_loops_ar_at_batch_1_and_4(method, environment, l
         for gen in gens:
             check_adds_up(gen, method)
     if method in SAME_STEPS:  # the same algorithm as the loop's: the same steps
-        loop = loop_records(tmp_path_factory, method)
+        loop = loop_records(tmp_path_factory, method, pard_draft)
         assert [gen.accept_lengths for gen in alone] == [record["accept_lengths"] for record in loop]
         assert [gen.accept_lengths for gen in batched] == [record["accept_lengths"] for record in loop]
 

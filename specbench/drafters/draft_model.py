@@ -94,10 +94,25 @@ class DraftLM:
     def extend(self, tokens: list[int]) -> torch.Tensor:
         """Feed ``tokens`` causally after the cached ones; logits [vocab] (float32) after the last of them."""
         ids = torch.tensor([self._draft_ids(tokens)], device=self.model.device)  # [1, k]
-        logits = self._forward(last_only=True, input_ids=ids, past_key_values=self.cache)  # [1, vocab]
+        logits = self._forward(1, input_ids=ids, past_key_values=self.cache)  # [1, vocab]
         self._count(len(tokens))
         self.tokens.extend(tokens)
         return logits[-1]
+
+    def sync_with_tail(self, tokens: list[int], tail: list[int]) -> torch.Tensor:
+        """``sync`` to ``tokens``, then run ``tail`` (draft ids that stand for positions not known yet: PARD's mask
+        tokens) after them in the same causal forward; logits [len(tail) + 1, vocab] (float32) after the last of
+        ``tokens`` and after each tail token. The tail's rows leave the cache again."""
+        self.keep_tree_rows([])
+        keep = min(common_prefix(self.tokens, tokens), len(tokens) - 1)
+        self.crop(keep)
+        new = tokens[keep:]
+        ids = torch.tensor([self._draft_ids(new) + list(tail)], device=self.model.device)  # [1, new + tail]
+        logits = self._forward(len(tail) + 1, input_ids=ids, past_key_values=self.cache)  # [tail + 1, vocab]
+        self._count(len(new) + len(tail))
+        self.tokens.extend(new)
+        compact_cache(self.cache, len(self.tokens), [])  # the tail's rows go
+        return logits
 
     def tree_layer(self, tokens: list[int], parent_rows: list[int], depth: int) -> torch.Tensor:
         """Feed one layer of a draft tree in one forward; logits [k, vocab] (float32), one row per node.
@@ -109,7 +124,7 @@ class DraftLM:
         mask = self._tree_mask.add(parent_rows, past, self.model.dtype)  # [k, cached + k] additive
         device = self.model.device
         logits = self._forward(
-            last_only=False,
+            None,
             input_ids=torch.tensor([self._draft_ids(tokens)], device=device),
             position_ids=torch.full((1, k), past - 1 + depth, dtype=torch.long, device=device),
             attention_mask=mask[None, None].to(device),
@@ -141,16 +156,16 @@ class DraftLM:
         """The draft's logits after every prefix of ``tokens`` (target ids), float32 [len(tokens), target vocab], in a
         fresh cache of their own (calibration; the decode cache is untouched)."""
         ids = torch.tensor([self._draft_ids(tokens)], device=self.model.device)  # [1, len]
-        return self._forward(last_only=False, input_ids=ids)
+        return self._forward(None, input_ids=ids)
 
-    def _forward(self, last_only: bool, **inputs) -> torch.Tensor:
-        """One cached draft forward over a batch of one; float32 logits in the target's width, [k, vocab] (or the
-        last row only, [1, vocab]), from the reduced output layer when there is one."""
+    def _forward(self, rows: int | None, **inputs) -> torch.Tensor:
+        """One cached draft forward over a batch of one; float32 logits in the target's width of its last ``rows``
+        rows, [rows, vocab] (None: every row), from the reduced output layer when there is one."""
         if self.output is None:
-            kept = {"logits_to_keep": 1} if last_only else {}
+            kept = {"logits_to_keep": rows} if rows else {}
             return self._target_logits(self.model(**inputs, use_cache=True, **kept).logits[0])
         hidden = self.model.base_model(**inputs, use_cache=True).last_hidden_state[0]  # [k, H]
-        return self._target_logits(self.output(hidden[-1:] if last_only else hidden))
+        return self._target_logits(self.output(hidden[-rows:] if rows else hidden))
 
     def _drop_tree_state(self) -> None:
         """Forget the current step's tree rows (their KV is gone or kept by the caller)."""
@@ -188,6 +203,8 @@ class DraftModelDrafter(Drafter):
 
     COUNTERS: ClassVar[tuple[str, ...]] = ("steps", "drafted", "accepted_tokens")
     reads_sampling = True
+    DRAFT_PART: ClassVar[str] = "draft"
+    """The part kind whose model node ``draft`` names (``specbench.models.parts``): the distilled draft's, or PARD's."""
 
     def __init__(
         self,
@@ -208,7 +225,7 @@ class DraftModelDrafter(Drafter):
     def setup(self, target, tokenizer) -> None:
         """Load the draft model beside the target (its LM head restricted to the ``draft_vocab`` most frequent
         target tokens when that is set)."""
-        loaded = load_draft(self.draft_cfg, self.target_name, target, tokenizer)
+        loaded = load_draft(self.draft_cfg, self.target_name, target, tokenizer, self.DRAFT_PART)
         oov = getattr(loaded.tokenizer, "unk_token_id", None)
         self.vocabulary = draft_vocabulary(self.draft_vocab, self.target_name, vocab_width(target))
         self.lm = DraftLM(loaded.model, vocab_width(target), oov if oov is not None else 0, self.vocabulary)

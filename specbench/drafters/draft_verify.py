@@ -111,9 +111,16 @@ class DraftVerify(Drafter):
         threshold_momentum: float = 0.9,
         search=None,
         target_name: str = "target",
+        exit_layer: int | None = None,
     ):
         super().__init__()
         self.given = skip_set_from(layers)
+        self.exit_layer = None if exit_layer is None else knob_int("exit_layer", exit_layer, 1, "E")
+        if self.exit_layer is not None and self.given is not None:
+            raise ConfigError(
+                "method.drafter.exit_layer (an early exit) and method.drafter.layers (a skipped set) both say what the "
+                "draft skips: set one"
+            )
         self.max_draft = knob_int("max_draft", max_draft, 1, "K")
         self.initial_threshold = self.threshold = knob_number("threshold", threshold, 0.0, 1.0, "gamma")
         if not isinstance(adaptive_threshold, bool):
@@ -123,7 +130,8 @@ class DraftVerify(Drafter):
         self.threshold_step = knob_number("threshold_step", threshold_step, 0.0, 1.0, "epsilon")
         self.acceptance_momentum = knob_number("acceptance_momentum", acceptance_momentum, 0.0, 1.0, "beta1")
         self.threshold_momentum = knob_number("threshold_momentum", threshold_momentum, 0.0, 1.0, "beta2")
-        self.search_settings = SearchSettings.from_node(search) if self.given is None else None
+        searched = self.given is None and self.exit_layer is None
+        self.search_settings = SearchSettings.from_node(search) if searched else None
         self.target_name = target_name
         self.target: Any = None  # the target model (bound by setup)
         self.skipper: LayerSkip | None = None
@@ -132,10 +140,24 @@ class DraftVerify(Drafter):
         self.search_record: dict | None = None  # where a searched set came from (cache file, points, speed)
 
     def setup(self, target, tokenizer) -> None:
-        """Bind to the target; take the given skipped set, or the one the ``layer_skip`` trainer searched."""
+        """Bind to the target; take the given skipped set, the early exit's, or the one the ``layer_skip`` trainer
+        searched."""
         self.target = target
         self.eos_ids = eos_token_ids(target, tokenizer)
-        self.skipper = LayerSkip(target, self.given or self.searched_set(target))
+        skip = self.early_exit_set(target) if self.exit_layer is not None else self.given or self.searched_set(target)
+        self.skipper = LayerSkip(target, skip)
+
+    def early_exit_set(self, target) -> SkipSet:
+        """LayerSkip's early exit as a skipped set: every sub-layer from ``exit_layer`` on, so the draft is the first
+        E layers, then the final norm and the LM head (transformers' ``assistant_early_exit=E``)."""
+        assert self.exit_layer is not None  # the early exit is set
+        layers = target.config.num_hidden_layers
+        if self.exit_layer >= layers:
+            raise ConfigError(
+                f"method.drafter.exit_layer (E) = {self.exit_layer} must be below the target's {layers} layers"
+            )
+        later = tuple(range(self.exit_layer, layers))
+        return SkipSet(later, later)
 
     def reset(self, prompt_ids: list[int]) -> None:
         """Per generation the smoothed acceptance rate restarts; gamma carries over."""

@@ -21,7 +21,8 @@ from specbench.models.parts import part_kind
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-DRAFT_SOURCES = ("hub", "distilled", "tiny", "target")
+DRAFT_SOURCES = ("hub", "tiny", "target")
+"""Where a draft node's model may come from besides its part kind's own (the distilled draft, the PARD draft)."""
 
 
 @dataclass
@@ -42,32 +43,36 @@ def vocab_width(model) -> int:
     return model.get_output_embeddings().weight.shape[0]
 
 
-def distilled_dir(target_name: str) -> tuple[Path, str]:
-    """The distilled draft's directory for ``target_name`` and its part name, or a ModelUnavailable saying
-    how to train it (also when its manifest does not say training finished)."""
-    kind = part_kind("draft")
-    directory, command = kind.folder(target_name), kind.command_line(target_name)
+def distilled_dir(target_name: str, kind: str = "draft") -> tuple[Path, str]:
+    """The folder of the draft part ``kind`` (``draft``: the distilled draft; ``pard``: the PARD draft) built for
+    ``target_name`` and its part name, or a ModelUnavailable saying how to build it (also when its manifest does not
+    say training finished)."""
+    part = part_kind(kind)
+    directory, command = part.folder(target_name), part.command_line(target_name)
     if not directory.is_dir():
         raise ModelUnavailable(
-            f"no distilled draft model for {target_name} at {directory}; train it once with "
-            f"`{command}` or set model.draft.path=<Hub id or dir>"
+            f"no {part.title} for {target_name} at {directory}; train it once with "
+            f"`{command}` or set model.{part.node}.path=<Hub id or dir>"
         )
-    return directory, part_name("draft", directory, finished_manifest(directory, "distilled draft", command))
+    return directory, part_name(kind, directory, finished_manifest(directory, part.title, command))
 
 
-def draft_location(cfg, target_name: str, target_path: str) -> tuple[str, str]:
-    """Where the draft a ``model.draft`` node names lives (a folder or Hub id) and how runs name it, for a draft
-    kept in files (a path, the distilled draft, or the target itself); a ConfigError for one that is not."""
+def draft_location(cfg, target_name: str, target_path: str, kind: str = "draft") -> tuple[str, str]:
+    """Where the draft a ``model.draft`` node (or the node of another draft part ``kind``: ``model.pard``) names lives
+    (a folder or Hub id) and how runs name it, for a draft kept in files (a path, the part built here, or the target
+    itself); a ConfigError for one that is not."""
+    built = part_kind(kind).built_source
+    sources = (*DRAFT_SOURCES, built)
     source = cfg.get("source", "hub") if cfg is not None else "hub"
     path = cfg.get("path") if cfg is not None else None
-    if source not in DRAFT_SOURCES:
-        raise ConfigError(f"model.draft.source must be one of {DRAFT_SOURCES}; got {source!r}")
+    if source not in sources:
+        raise ConfigError(f"model.{kind}.source must be one of {sources}; got {source!r}")
     if path:
         location = os.path.expanduser(str(path))
         revision = cfg.get("revision")
-        return location, f"draft:{location}" + (f"@{revision}" if revision else "")
-    if source == "distilled":
-        directory, part = distilled_dir(target_name)
+        return location, f"{kind}:{location}" + (f"@{revision}" if revision else "")
+    if source == built:
+        directory, part = distilled_dir(target_name, kind)
         return str(directory), part
     if source == "target":
         return target_path, "draft:target"
@@ -81,8 +86,9 @@ def draft_location(cfg, target_name: str, target_path: str) -> tuple[str, str]:
     )
 
 
-def load_draft(cfg, target_name: str, target, tokenizer) -> LoadedDraft:
-    """The draft described by a ``model.draft`` node, on the target's device/dtype, tokenizer-checked.
+def load_draft(cfg, target_name: str, target, tokenizer, kind: str = "draft") -> LoadedDraft:
+    """The draft described by a ``model.draft`` node (or a ``kind`` part's node), on the target's device/dtype,
+    tokenizer-checked.
 
     ``path`` (a Hub id or a local directory) wins over ``source`` whenever it is set, so any
     checkpoint can be tried with ``model.draft.path=...``.
@@ -96,7 +102,7 @@ def load_draft(cfg, target_name: str, target, tokenizer) -> LoadedDraft:
         draft_tokenizer = None
         location, part = f"tiny-random-llama(seed={tiny.get('seed')})", ""
     else:
-        location, part = draft_location(cfg, target_name, "")
+        location, part = draft_location(cfg, target_name, "", kind)
         revision = cfg.get("revision") if cfg.get("path") else None
         model, draft_tokenizer = load_pretrained(location, target.dtype, revision)
     model = model.to(device=target.device, dtype=target.dtype).eval()

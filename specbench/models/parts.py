@@ -72,7 +72,8 @@ class PartKind:
 def searches_layer_skip(cfg: DictConfig) -> bool:
     """Whether the run's method searches a skipped set (Draft&Verify on a model config that gives none)."""
     drafter = cfg.method.get("drafter") or {}
-    return drafter.get("search") is not None and drafter.get("layers") is None
+    given = drafter.get("layers") is not None or drafter.get("exit_layer") is not None
+    return drafter.get("search") is not None and not given
 
 
 def measures_acceptance_vector(cfg: DictConfig) -> bool:
@@ -93,6 +94,14 @@ PART_KINDS: dict[str, PartKind] = {
             node="draft",
             built_source="distilled",
             digest=DigestRoute.MODEL,
+        ),
+        PartKind(
+            "pard",
+            "specbench.train.pard",
+            "adapt the distilled draft to draft K tokens in one forward with mask tokens (PARD)",
+            "PARD draft",
+            "pard/{target}",
+            node="pard",
         ),
         PartKind(
             "medusa",

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -53,6 +54,8 @@ from specbench.train.selfdistill import validate as validate_prompts
 INITS = ("spread", "first", "random")
 TRAINING_JSON = "training.json"
 LATENCY_CONTEXT = 256  # tokens of context for the step-latency measurement
+SIZES = ("steps", "batch_size", "eval_sequences")
+"""The ``train.*`` counts a draft-model trainer needs at least one of."""
 
 
 @dataclass
@@ -65,15 +68,21 @@ class DraftArchitecture:
 
 
 @dataclass
-class DraftTraining(OptimizerSettings):
-    """The types of ``train.*`` of the draft."""
+class DistillationTraining(OptimizerSettings):
+    """The types of the ``train.*`` keys the draft-model trainers share (the distilled draft, PARD)."""
 
     steps: int
     soft_weight: float
     hard_weight: float
     eval_sequences: int
-    gammas: list[int]
     seed: int
+
+
+@dataclass
+class DraftTraining(DistillationTraining):
+    """The types of ``train.*`` of the draft: the chain lengths its held-out report measures too."""
+
+    gammas: list[int]
 
 
 @dataclass
@@ -84,29 +93,37 @@ class DraftSettings(TrainerSettings):
     train: DraftTraining
 
 
+def distillation_checks(train) -> list[tuple[bool, str]]:
+    """(holds, message) for the ``train.*`` keys the draft-model trainers share (the distilled draft, PARD)."""
+    return [
+        *((train[key] >= 1, f"train.{key} must be >= 1 (got {train[key]})") for key in SIZES),
+        (train.lr > 0, f"train.lr must be > 0 (got {train.lr})"),
+        (
+            train.soft_weight >= 0 and train.hard_weight >= 0 and train.soft_weight + train.hard_weight > 0,
+            f"train.soft_weight and train.hard_weight must be >= 0, not both 0 "
+            f"(got {train.soft_weight}, {train.hard_weight})",
+        ),
+        (
+            train.max_minutes is None or train.max_minutes > 0,
+            f"train.max_minutes must be > 0 or null (got {train.max_minutes})",
+        ),
+    ]
+
+
 def validate(cfg: DictConfig) -> None:
     """Reject impossible draft / training settings (types first, then ranges) before anything is loaded."""
     check_types(cfg, DraftSettings, "draft training")
     d, t = cfg.draft, cfg.train
-    problems = []
-    if d.num_layers < 1:
-        problems.append(f"draft.num_layers must be >= 1 (got {d.num_layers})")
-    if d.init not in INITS:
-        problems.append(f"draft.init must be one of {INITS} (got {d.init!r})")
-    for key in ("steps", "batch_size", "eval_sequences"):
-        if t[key] < 1:
-            problems.append(f"train.{key} must be >= 1 (got {t[key]})")
-    if t.lr <= 0:
-        problems.append(f"train.lr must be > 0 (got {t.lr})")
-    if t.soft_weight < 0 or t.hard_weight < 0 or t.soft_weight + t.hard_weight == 0:
-        problems.append(
-            f"train.soft_weight and train.hard_weight must be >= 0, not both 0 (got {t.soft_weight}, {t.hard_weight})"
-        )
-    if t.max_minutes is not None and t.max_minutes <= 0:
-        problems.append(f"train.max_minutes must be > 0 or null (got {t.max_minutes})")
-    if not t.gammas or any(g < 1 for g in t.gammas):
-        problems.append(f"train.gammas must be a non-empty list of chain lengths >= 1 (got {list(t.gammas)})")
-    problems += data_problems(cfg, soft_labels=True)
+    checks = [
+        (d.num_layers >= 1, f"draft.num_layers must be >= 1 (got {d.num_layers})"),
+        (d.init in INITS, f"draft.init must be one of {INITS} (got {d.init!r})"),
+        *distillation_checks(t),
+        (
+            bool(t.gammas) and all(g >= 1 for g in t.gammas),
+            f"train.gammas must be a non-empty list of chain lengths >= 1 (got {list(t.gammas)})",
+        ),
+    ]
+    problems = [message for ok, message in checks if not ok] + data_problems(cfg, soft_labels=True)
     if problems:
         raise ConfigError("invalid draft training settings: " + "; ".join(problems))
     validate_prompts(cfg.prompts)
@@ -203,23 +220,36 @@ def batch_order(n_items: int, batch_size: int, generator: torch.Generator):
 
 
 def train_draft(draft, items: list[SelfDistilled], train_cfg, pad_id: int, progress: bool) -> dict:
-    """Optimize the draft's trainable weights; returns the loss curve and why training stopped."""
+    """Distil the draft's trainable weights on the teacher's soft labels; the loss curve and why training stopped."""
     device = next(draft.parameters()).device
-    trainable = [p for p in draft.parameters() if p.requires_grad]
+
+    def loss_of(chosen: list[SelfDistilled]) -> torch.Tensor:
+        batch = collate(chosen, pad_id).to(device)
+        return distillation_loss(answer_logits(draft, batch), batch, train_cfg.soft_weight, train_cfg.hard_weight)
+
+    return train_loop(draft, items, train_cfg, progress, "distil draft", loss_of)
+
+
+def train_loop(
+    model, items: list[SelfDistilled], train_cfg, progress: bool, desc: str, loss_of: Callable[[list], torch.Tensor]
+) -> dict:
+    """Optimize the model's trainable weights over seeded mini-batches of ``items`` (``loss_of`` a batch's loss), on
+    the schedule of ``learning_rate`` within ``train.steps`` and ``train.max_minutes``; the loss curve and why
+    training stopped."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
     batches = batch_order(len(items), train_cfg.batch_size, torch.Generator().manual_seed(train_cfg.seed))
     budget = TimeBudget(train_cfg.max_minutes)
-    draft.train()
+    model.train()
     curve, window, stopped_by = [], [], "steps"
-    bar = tqdm(range(train_cfg.steps), desc="distil draft", unit="step", disable=not progress)
+    bar = tqdm(range(train_cfg.steps), desc=desc, unit="step", disable=not progress)
     for step in bar:
         if not budget.allows_step():
             stopped_by = "max_minutes"  # the schedule has annealed with the time fraction: training is complete
             break
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, train_cfg, budget.fraction())
-        batch = collate([items[i] for i in next(batches)], pad_id).to(device)
-        loss = distillation_loss(answer_logits(draft, batch), batch, train_cfg.soft_weight, train_cfg.hard_weight)
+        loss = loss_of([items[i] for i in next(batches)])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, train_cfg.grad_clip)
@@ -231,7 +261,7 @@ def train_draft(draft, items: list[SelfDistilled], train_cfg, pad_id: int, progr
             bar.set_postfix(loss=curve[-1][1])
             window = []
     bar.close()
-    draft.eval()
+    model.eval()
     return {
         "steps_done": curve[-1][0] if curve else 0,
         "steps_planned": train_cfg.steps,
@@ -260,8 +290,11 @@ def latency_context(items: list[SelfDistilled]) -> list[int]:
     return (longest.prompt_ids + longest.output_ids)[:LATENCY_CONTEXT]
 
 
-def save_draft(draft, tokenizer, out_dir: Path, record: dict) -> None:
-    """Write weights, tokenizer, training.json and, last, the manifest into ``out_dir`` atomically."""
+def save_draft(
+    draft, tokenizer, out_dir: Path, record: dict, title: str = "distilled draft", summary: str = "agreement"
+) -> None:
+    """Write weights, tokenizer, training.json and, last, the manifest into ``out_dir`` atomically (``title``: what
+    the part is; ``summary``: the held-out number after training that the manifest carries)."""
     with atomic_dir(out_dir) as staging:
         draft.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
@@ -270,14 +303,14 @@ def save_draft(draft, tokenizer, out_dir: Path, record: dict) -> None:
         weights = sorted(path.name for path in staging.glob("*.safetensors"))
         write_manifest(
             staging,
-            "distilled draft",
+            title,
             weights,
             record["settings_digest"],
             record["data"]["digest"],
             training["steps_done"],
             training["steps_planned"],
             training["stopped_by"],
-            {"heldout_agreement": record["heldout"]["after_training"]["agreement"]},
+            {f"heldout_{summary}": record["heldout"]["after_training"][summary]},
         )
 
 

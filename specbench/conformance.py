@@ -61,6 +61,8 @@ from specbench.schema import PHASES
 STAND_IN_OVERRIDES: dict[str, tuple[str, ...]] = {
     "self_draft": ("+self_draft_cache=no_corpus",),  # no corpus text to build a cache from
     "layerskip": ("method.drafter.exit_layer=1",),  # tiny_llama has 2 layers
+    # 2 layers: nothing between the first and the last; a short window, so the search runs within a check's tokens
+    "swift": ("method.drafter.keep_ends=false", "method.drafter.context_window=8"),
 }
 """What the tiny model lacks that a method's defaults expect; every other method runs at its defaults."""
 

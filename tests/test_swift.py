@@ -224,6 +224,8 @@ def test_knobs_are_checked(tiny):
         Swift(confidence_levels=[0.5, 0.8])
     with pytest.raises(ConfigError, match="tree_widths must list 4 counts"):
         Swift(tree_widths=[3, 5])
+    with pytest.raises(ConfigError, match="tree_widths_sampled must be a list"):
+        Swift(tree_widths_sampled=3)
     with pytest.raises(ConfigError, match="no layer is left to skip"):
         Swift().setup(tiny, None)  # keep_ends on a 2-layer model
 

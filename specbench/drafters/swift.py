@@ -20,6 +20,7 @@ ordered draws without replacement from the warped draft law, recorded in ``draft
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,9 +47,16 @@ def match_rate(draft_logits: torch.Tensor, tokens: torch.Tensor) -> float:
     return float(hits.float().mean())
 
 
-def knob_levels(key: str, values: object, symbol: str | None = None) -> tuple[float, ...]:
+def knob_list(key: str, values: object) -> list[object]:
+    """``values`` as a list when it is one (a config list), else a ConfigError naming ``method.drafter.<key>``."""
+    if isinstance(values, str) or not isinstance(values, Sequence):
+        raise ConfigError(f"method.drafter.{key} must be a list, got {values!r}")
+    return list(values)
+
+
+def knob_levels(key: str, values: object) -> tuple[float, ...]:
     """A strictly decreasing list of probabilities, or a ConfigError naming ``method.drafter.<key>``."""
-    levels = tuple(knob_number(f"{key}[{i}]", v, 0.0, 1.0, symbol) for i, v in enumerate(list(values or [])))
+    levels = tuple(knob_number(f"{key}[{i}]", v, 0.0, 1.0) for i, v in enumerate(knob_list(key, values)))
     if not levels or any(a <= b for a, b in zip(levels, levels[1:], strict=False)):
         raise ConfigError(f"method.drafter.{key} must be a non-empty decreasing list of probabilities, got {values!r}")
     return levels
@@ -56,7 +64,7 @@ def knob_levels(key: str, values: object, symbol: str | None = None) -> tuple[fl
 
 def knob_widths(key: str, values: object, count: int) -> tuple[int, ...]:
     """``count`` candidate counts (each >= 1), or a ConfigError naming ``method.drafter.<key>``."""
-    widths = tuple(knob_int(f"{key}[{i}]", v, 1) for i, v in enumerate(list(values or [])))
+    widths = tuple(knob_int(f"{key}[{i}]", v, 1) for i, v in enumerate(knob_list(key, values)))
     if len(widths) != count:
         raise ConfigError(f"method.drafter.{key} must list {count} counts (one per confidence band), got {values!r}")
     return widths

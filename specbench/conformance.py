@@ -63,6 +63,8 @@ STAND_IN_OVERRIDES: dict[str, tuple[str, ...]] = {
     # p is measured on C4 (the Hub) by default; tests/test_sequoia_tree.py measures one offline
     "sequoia_tree": ("method.drafter.acceptance_vector=[0.6,0.2,0.1,0.05]",),
     "layerskip": ("method.drafter.exit_layer=1",),  # tiny_llama has 2 layers
+    # 2 layers: nothing between the first and the last; a short window, so the search runs within a check's tokens
+    "swift": ("method.drafter.keep_ends=false", "method.drafter.context_window=8"),
 }
 """What the tiny model lacks that a method's defaults expect; every other method runs at its defaults."""
 

@@ -186,13 +186,7 @@ class DraftVerify(Drafter):
         token = ctx.root
         with self.skipper.drafting():
             while len(tokens) < budget:
-                out = self.target(
-                    input_ids=torch.tensor([[token]], device=self.target.device),
-                    past_key_values=ctx.cache,
-                    use_cache=True,
-                    logits_to_keep=1,
-                )
-                logits = out.logits[0, -1].float()  # [vocab] the draft's next-token logits
+                logits = self.skipper.next_logits(token, ctx.cache)  # [vocab] the draft's next-token logits
                 (token,), q = pick_children(logits, 1, ctx.draft_law(True), ctx.generator)
                 tokens.append(token)
                 if q is not None:

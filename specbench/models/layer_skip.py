@@ -124,6 +124,13 @@ class LayerSkip:
         """Share of the 2L sub-layers the draft skips."""
         return (len(self.skip.attention) + len(self.skip.mlp)) / (2 * self.num_layers)
 
+    def next_logits(self, token: int, cache) -> torch.Tensor:
+        """The model's logits [vocab] (float32) for the token after ``token``, whose KV row it appends to ``cache`` (the
+        skipped-layer draft's when called inside ``drafting``)."""
+        ids = torch.tensor([[token]], device=self.model.device)  # [1, 1]
+        out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[0, -1].float()
+
     @contextmanager
     def drafting(self) -> Iterator[None]:
         """Within the block the model's forward skips the chosen sub-layers; the originals return after it."""

@@ -3,7 +3,9 @@
 Draft&Verify searches the set of skipped sub-layers this way: each point is a 0/1 vector (one bit per
 sub-layer), its score a measured decoding speed. The surrogate is a Gaussian process with a squared-exponential
 kernel on Hamming distance and a noise term; the next point maximises the upper confidence bound
-``mean + kappa * std`` over candidates drawn at random and one bit away from the best points so far.
+``mean + kappa * std`` over candidates drawn at random and one move away from the best points so far. SWIFT
+searches its skipped set online the same way, over vectors with a fixed number of ones (its skip ratio): there a
+move swaps a one and a zero, and ``random_point`` gives its random-search proposals.
 """
 
 from __future__ import annotations
@@ -35,9 +37,13 @@ class BinarySearch:
     dims: int
     seed: int = 0
     candidates: int = 512  # random candidates scored by the acquisition per proposal
+    ones: int | None = None  # every point holds exactly this many ones (None: any number)
+    kappa: float = UCB_KAPPA  # exploration weight of the upper confidence bound
     observations: list[Observation] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        if self.ones is not None and not 0 <= self.ones <= self.dims:
+            raise ValueError(f"a point of {self.dims} bits cannot hold {self.ones} ones")
         self.generator = torch.Generator().manual_seed(self.seed)
         self.length_sq = max(self.dims / 4, 1.0)  # squared length scale in Hamming units: one flip keeps most of k
 
@@ -56,17 +62,37 @@ class BinarySearch:
         if not self.observations:
             return tuple(pool[0].tolist())
         mean, std = self.posterior(pool)
-        ucb = mean + UCB_KAPPA * std  # [candidates]
+        ucb = mean + self.kappa * std  # [candidates]
         return tuple(pool[int(ucb.argmax())].tolist())
 
-    def candidate_pool(self) -> torch.Tensor:
-        """Untried candidates [n, dims]: random vectors plus every one-bit neighbour of the three best points."""
-        rows = [torch.randint(0, 2, (self.candidates, self.dims), generator=self.generator)]
-        for seen in sorted(self.observations, key=lambda s: -s.score)[:3]:
-            base = torch.tensor(seen.bits)
+    def random_point(self) -> tuple[int, ...]:
+        """One point drawn at random (with ``ones`` ones when the count is fixed)."""
+        return tuple(self.random_points(1)[0].tolist())
+
+    def random_points(self, n: int) -> torch.Tensor:
+        """``n`` random 0/1 vectors [n, dims]: uniform bits, or ``ones`` ones at uniformly random places."""
+        if self.ones is None:
+            return torch.randint(0, 2, (n, self.dims), generator=self.generator)
+        ranks = torch.rand(n, self.dims, generator=self.generator).argsort(-1).argsort(-1)  # [n, dims] permutations
+        return (ranks < self.ones).long()
+
+    def neighbours(self, bits: tuple[int, ...]) -> torch.Tensor:
+        """The points one move from ``bits`` [n, dims]: one bit flipped, or a one and a zero swapped (fixed count)."""
+        base = torch.tensor(bits)  # [dims]
+        if self.ones is None:
             flips = base.repeat(self.dims, 1)  # [dims, dims]
             flips[torch.arange(self.dims), torch.arange(self.dims)] ^= 1
-            rows.append(flips)
+            return flips
+        pairs = torch.cartesian_prod(base.nonzero()[:, 0], (base == 0).nonzero()[:, 0]).reshape(-1, 2)  # [n, 2]
+        swaps = base.repeat(len(pairs), 1)  # [n, dims]
+        rows = torch.arange(len(pairs))
+        swaps[rows, pairs[:, 0]], swaps[rows, pairs[:, 1]] = 0, 1
+        return swaps
+
+    def candidate_pool(self) -> torch.Tensor:
+        """Untried candidates [n, dims]: random vectors plus every neighbour of the three best points."""
+        rows = [self.random_points(self.candidates)]
+        rows += [self.neighbours(seen.bits) for seen in sorted(self.observations, key=lambda s: -s.score)[:3]]
         pool = torch.unique(torch.cat(rows), dim=0)  # [n, dims]
         tried = {seen.bits for seen in self.observations}
         untried = [i for i, row in enumerate(pool.tolist()) if tuple(row) not in tried]

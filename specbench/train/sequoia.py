@@ -98,9 +98,10 @@ def measure(drafter: FixedTree, target, tokenizer) -> Path:
     assert drafter.lm is not None  # loaded above
     token_lists = calibration_token_ids(drafter.calibration, tokenizer)
     hits, positions = measure_rank_hits(target, drafter.lm, token_lists, drafter.calibration.top_k)
+    vector = [h / positions for h in hits]
     record = {
         "key": drafter.calibration_key(target),
-        "acceptance_vector": [h / positions for h in hits],
+        "acceptance_vector": vector,
         "rank_hits": hits,
         "positions": positions,
         "texts": len(token_lists),
@@ -109,7 +110,7 @@ def measure(drafter: FixedTree, target, tokenizer) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(record, indent=1) + "\n")
     print(
-        f"[specbench] p = {[round(p, 4) for p in record['acceptance_vector']]} over {positions} positions of "
+        f"[specbench] p = {[round(p, 4) for p in vector]} over {positions} positions of "
         f"{len(token_lists)} texts; saved to {path}"
     )
     return path

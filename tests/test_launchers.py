@@ -1,6 +1,6 @@
 """Hydra launchers of conf/hydra/launcher/: every config composes with an experiment and targets its
 plugin's launcher, the SLURM GPU config asks for exactly one GPU per job, and a joblib sweep at smoke
-scale runs on CPU and pairs with its AR run like a serial multirun."""
+scale runs on CPU, each job its own process and session, so the reproduction refuses its cross-session AR pair."""
 
 import json
 import subprocess
@@ -74,7 +74,7 @@ def test_slurm_cpu_asks_for_no_gpu():
 
 
 @pytest.mark.slow
-def test_a_joblib_sweep_at_smoke_scale_runs_on_cpu_and_pairs_with_its_ar_run(tmp_path):
+def test_a_joblib_sweep_at_smoke_scale_runs_on_cpu_and_its_cross_session_pair_is_refused(tmp_path):
     results_root, sweep_dir = tmp_path / "runs", tmp_path / "sweep"
     command = [
         sys.executable,
@@ -103,4 +103,6 @@ def test_a_joblib_sweep_at_smoke_scale_runs_on_cpu_and_pairs_with_its_ar_run(tmp
     results = load_results(results_root)
     assert sorted(results.runs["method"]) == ["anpd", "ar"]
     anpd = results.runs[results.runs["method"] == "anpd"].iloc[0]
-    assert anpd["n_common"] == 1 and anpd["exact_match_rate"] == 1.0
+    # each joblib job is a process, so a session, of its own: the reproduction's rule refuses the cross-session pair
+    assert anpd["n_common"] == 0 and "AR partner timed in another session" in anpd["pairing"]
+    assert anpd["sessions"] != anpd["ar.sessions"]

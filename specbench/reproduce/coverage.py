@@ -96,11 +96,12 @@ def _scale_exclude_keys() -> tuple[str, ...]:
 
 
 def job_of(experiment: str, overrides: list[str]) -> Job:
-    """The Job of one sweep point."""
+    """The Job of one sweep point (``experiment`` names its folder when its overrides compose no experiment)."""
     cfg = job_config(overrides)
-    folder = run_folder(cfg, overrides)
     with open_dict(cfg):
-        cfg.output_dir = folder  # the hydra resolver of the scales' output_dir is not there outside a run
+        cfg.experiment = cfg.get("experiment") or experiment
+        cfg.output_dir = run_folder(cfg, overrides)  # the hydra resolver of the scales' output_dir is not there
+    folder = cfg.output_dir
     digest = config_digest(cfg, torch.device("cpu"), torch.float32)
     method = flatten(without_locations(OmegaConf.to_container(cfg.method, resolve=True)), "method.")
     defaults = default_knobs(cfg.method.name, cfg.model.name, float(cfg.temperature), float(cfg.top_p))

@@ -86,18 +86,7 @@ class DraftLM:
 
     def sync(self, tokens: list[int]) -> torch.Tensor:
         """Make the cache hold ``tokens`` (crop to the shared prefix, feed the rest); logits [vocab] after the last."""
-        self.keep_tree_rows([])
-        keep = min(common_prefix(self.tokens, tokens), len(tokens) - 1)
-        self.crop(keep)
-        return self.extend(tokens[keep:])
-
-    def extend(self, tokens: list[int]) -> torch.Tensor:
-        """Feed ``tokens`` causally after the cached ones; logits [vocab] (float32) after the last of them."""
-        ids = torch.tensor([self._draft_ids(tokens)], device=self.model.device)  # [1, k]
-        logits = self._forward(1, input_ids=ids, past_key_values=self.cache)  # [1, vocab]
-        self._count(len(tokens))
-        self.tokens.extend(tokens)
-        return logits[-1]
+        return self.sync_with_tail(tokens, [])[-1]
 
     def sync_with_tail(self, tokens: list[int], tail: list[int]) -> torch.Tensor:
         """``sync`` to ``tokens``, then run ``tail`` (draft ids that stand for positions not known yet: PARD's mask
@@ -106,12 +95,21 @@ class DraftLM:
         self.keep_tree_rows([])
         keep = min(common_prefix(self.tokens, tokens), len(tokens) - 1)
         self.crop(keep)
-        new = tokens[keep:]
-        ids = torch.tensor([self._draft_ids(new) + list(tail)], device=self.model.device)  # [1, new + tail]
+        return self._feed(tokens[keep:], tail)
+
+    def extend(self, tokens: list[int]) -> torch.Tensor:
+        """Feed ``tokens`` causally after the cached ones; logits [vocab] (float32) after the last of them."""
+        return self._feed(tokens, [])[-1]
+
+    def _feed(self, tokens: list[int], tail: list[int]) -> torch.Tensor:
+        """One cached forward over ``tokens`` then ``tail``; logits [len(tail) + 1, vocab] after the last token and
+        each tail token. The tokens stay in the cache, the tail's rows leave it."""
+        ids = torch.tensor([self._draft_ids(tokens) + list(tail)], device=self.model.device)  # [1, k + tail]
         logits = self._forward(len(tail) + 1, input_ids=ids, past_key_values=self.cache)  # [tail + 1, vocab]
-        self._count(len(new) + len(tail))
-        self.tokens.extend(new)
-        compact_cache(self.cache, len(self.tokens), [])  # the tail's rows go
+        self._count(len(tokens) + len(tail))
+        self.tokens.extend(tokens)
+        if tail:
+            compact_cache(self.cache, len(self.tokens), [])  # the tail's rows go
         return logits
 
     def tree_layer(self, tokens: list[int], parent_rows: list[int], depth: int) -> torch.Tensor:

@@ -20,7 +20,7 @@ SHARED ?= $(abspath ../shared)
 export SPECBENCH_DATA_DIR ?= $(SHARED)/datasets
 export SPECBENCH_CORPUS_DIR ?= $(SHARED)/corpus/sotu_1946_2026
 
-.PHONY: install engine-vllm lock lock-upgrade check-latest demo test test-fast fuzz lint bench-ar bench-verification bench-model-free bench-engines bench-crosscheck bench-draft bench-medusa bench-eagle bench-quality bench-auto bench-figures bench-all train-draft train-medusa \
+.PHONY: install engine-vllm lock lock-upgrade check-latest demo test test-fast fuzz lint bench-ar bench-verification bench-parallel-drafting bench-model-free bench-engines bench-crosscheck bench-draft bench-medusa bench-eagle bench-quality bench-auto bench-figures bench-all train-draft train-medusa \
 	train-hydra train-eagle train-eagle3 train-layer-skip train-pard train-vocab profile report notebook \
 	reproduce-tables reproduce-run reproduce-build parity clean
 
@@ -83,6 +83,12 @@ lint: install  ## ruff (lint + format check) and mypy over the package, as CI ru
 bench-model-free: install train-layer-skip  ## AR, HF prompt lookup, PLD, ANPD, Lookahead, LADE, Self-Draft, SuffixDecoding, Token Recycling, SAM, REST, Draft&Verify: code, then chat
 	$(PY) -m specbench.bench model_free
 	$(PY) -m specbench.bench model_free --dataset mt_bench
+
+bench-parallel-drafting: install train-draft train-pard train-eagle3  ## AR, SpeDe and PARD at K = 4 and 8, EAGLE-3: HumanEval (20) then MT-Bench (20 turns), drafting view
+	$(PY) -m specbench.bench parallel_drafting
+	$(PY) -m specbench.report $$(ls -d results/bench/parallel_drafting/*/ | tail -1) --view drafting
+	$(PY) -m specbench.bench parallel_drafting --dataset mt_bench --limit 10
+	$(PY) -m specbench.report $$(ls -d results/bench/parallel_drafting/*/ | tail -1) --view drafting
 
 bench-verification: install train-draft train-layer-skip  ## SpeDe and Draft&Verify at T = 0.7: token-wise vs block verification, three seeds
 	$(PY) -m specbench.bench verification

@@ -85,6 +85,7 @@ def aggregate(records: Iterable[dict]) -> dict:
         "tokens_per_forward": _ratio(new, steps + len(records)),
         "accepted_per_step": None if tokens_per_step is None else tokens_per_step - 1,
         "draft_efficiency": _ratio(step_tokens - steps, drafted) if drafted else None,
+        "accepted_per_draft_forward": accepted_per_draft_forward(records, step_tokens - steps),
         "step_latency_s": _ratio(sum(sum(r["step_s"]) for r in stepped), sum(r["target_forwards"] for r in stepped)),
         "outside_forward_share": _ratio(outside_s, timed_step_s),
         "outside_forward_s": _ratio(outside_s, sum(r["target_forwards"] for r in timed)),
@@ -94,6 +95,26 @@ def aggregate(records: Iterable[dict]) -> dict:
         **latency_percentiles(records),
         **energy_per_token(records),
     }
+
+
+DRAFT_FORWARD_COUNTERS = ("draft_forwards", "head_forwards")
+"""The ``drafter_stats`` counters of a drafter's own forwards this generation: a draft model's, an EAGLE head's."""
+
+
+def draft_forwards(record: dict) -> int | None:
+    """The draft forwards of one record (a draft model's or a head's), None when its drafter counts none."""
+    stats = record.get("drafter_stats") or {}
+    counts = [stats[key] for key in DRAFT_FORWARD_COUNTERS if isinstance(stats.get(key), int)]
+    return sum(counts) if counts else None
+
+
+def accepted_per_draft_forward(records: list[dict], accepted: int) -> float | None:
+    """The run's accepted drafted tokens over its draft forwards (docs/metrics.md#accepted-per-draft-forward): what
+    one forward of the drafter buys; None unless every record counts its draft forwards and there was one."""
+    forwards = [draft_forwards(r) for r in records]
+    if not records or any(count is None for count in forwards):
+        return None
+    return _ratio(accepted, sum(count for count in forwards if count is not None))
 
 
 def phase_shares(records: list[dict]) -> dict:

@@ -207,3 +207,16 @@ def test_drafting_metrics_per_drafting_step_per_request_and_against_perfect_draf
     untraced = drafting_metrics([record(draft_depth=None)])  # depth unknown: the drafted nodes stand in (chains)
     assert untraced["oracle_tokens_per_step"] == pytest.approx((3 + 5 + 4 + 1) / 4)
     assert set(drafting_metrics([record(accept_lengths=None, draft_tokens=None)]).values()) == {None}
+
+
+def test_accepted_per_draft_forward_counts_a_draft_models_and_a_heads_forwards():
+    """The fixture accepts 0 + 1 + 2 + 0 = 3 drafted tokens; with 6 draft forwards that is 0.5 a forward (SpeDe: one
+    forward per drafted token), with 3 head forwards 1.0; a record whose drafter counts no forwards (or no drafter
+    stats at all) leaves the run's value empty rather than counting it as zero forwards."""
+    spede = record(drafter_stats={"draft_forwards": 6, "drafted": 9})
+    eagle = record(drafter_stats={"head_forwards": 3})
+    assert aggregate([spede])["accepted_per_draft_forward"] == pytest.approx(0.5)
+    assert aggregate([spede, eagle])["accepted_per_draft_forward"] == pytest.approx(6 / 9)
+    assert aggregate([spede, record(drafter_stats={"pool": 4})])["accepted_per_draft_forward"] is None
+    assert aggregate([record()])["accepted_per_draft_forward"] is None
+    assert aggregate([record(drafter_stats={"draft_forwards": 0})])["accepted_per_draft_forward"] is None

@@ -84,7 +84,7 @@ bench-model-free: install train-layer-skip  ## AR, HF prompt lookup, PLD, ANPD, 
 	$(PY) -m specbench.bench model_free
 	$(PY) -m specbench.bench model_free --dataset mt_bench
 
-bench-verification: install train-draft train-layer-skip  ## SpeDe and Draft&Verify at T = 0.7: token-wise vs block verification, three seeds
+bench-verification: install train-draft train-layer-skip train-medusa train-eagle  ## at T = 0.7, three seeds: SpeDe token-wise vs block vs traversal verification, Draft&Verify token-wise vs block, Medusa and EAGLE-2 token-wise vs traversal
 	$(PY) -m specbench.bench verification
 
 bench-draft: install train-draft  ## SpeDe vs HF assisted, OPT-Tree vs binary vs static trees, then OPT-Tree sweeps

@@ -90,7 +90,7 @@ bench-parallel-drafting: install train-draft train-pard train-eagle3  ## AR, Spe
 	$(PY) -m specbench.bench parallel_drafting --dataset mt_bench --limit 10
 	$(PY) -m specbench.report $$(ls -d results/bench/parallel_drafting/*/ | tail -1) --view drafting
 
-bench-verification: install train-draft train-layer-skip  ## SpeDe and Draft&Verify at T = 0.7: token-wise vs block verification, three seeds
+bench-verification: install train-draft train-layer-skip train-medusa train-eagle  ## at T = 0.7, three seeds: SpeDe token-wise vs block vs traversal verification, Draft&Verify token-wise vs block, Medusa and EAGLE-2 token-wise vs traversal
 	$(PY) -m specbench.bench verification
 
 bench-draft: install train-draft  ## SpeDe vs HF assisted, OPT-Tree vs binary vs static trees, then OPT-Tree sweeps

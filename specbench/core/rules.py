@@ -12,6 +12,7 @@ import inspect
 from specbench.core.acceptance import accept_match
 from specbench.core.block import accept_block
 from specbench.core.speculative import accept_speculative
+from specbench.core.traversal import accept_traversal
 from specbench.core.typical import accept_typical, check_typical_kwargs
 from specbench.errors import ConfigError
 
@@ -19,6 +20,7 @@ ACCEPTANCE_RULES = {
     "match": accept_match,
     "speculative": accept_speculative,
     "block": accept_block,
+    "traversal": accept_traversal,
     "typical": accept_typical,
 }
 

@@ -108,7 +108,7 @@ def draft_forwards(record: dict) -> int | None:
     return sum(counts) if counts else None
 
 
-def accepted_per_draft_forward(records: list[dict], accepted: int) -> float | None:
+def accepted_per_draft_forward(records: list[dict], accepted: float) -> float | None:
     """The run's accepted drafted tokens over its draft forwards (docs/metrics.md#accepted-per-draft-forward): what
     one forward of the drafter buys; None unless every record counts its draft forwards and there was one."""
     forwards = [draft_forwards(r) for r in records]

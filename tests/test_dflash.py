@@ -103,7 +103,9 @@ def test_context_keys_equal_one_pass_over_the_committed_rows():
         draft = drafter.draft
         block = torch.tensor([[sequence[c]] + [0] * 3])
         one_pass, _ = draft(features[None, :c], torch.arange(c)[None], block, torch.arange(c, c + 4)[None])
-        cached, _ = draft(features[None, c:c], torch.arange(c, c)[None], block, torch.arange(c, c + 4)[None], None, drafter.past)
+        cached, _ = draft(
+            features[None, c:c], torch.arange(c, c)[None], block, torch.arange(c, c + 4)[None], None, drafter.past
+        )
     torch.testing.assert_close(cached, one_pass, atol=1e-5, rtol=1e-5)
 
 

@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+from torch.nn.functional import scaled_dot_product_attention
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
 
@@ -90,7 +90,11 @@ class DFlashAttention(nn.Module):
     def __init__(self, config: LlamaConfig):
         super().__init__()
         hidden, bias = config.hidden_size, bool(config.attention_bias)
-        self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        self.heads, self.kv_heads, self.head_dim = (
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+        )
         self.q_proj = nn.Linear(hidden, self.heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=bias)
@@ -122,7 +126,7 @@ class DFlashAttention(nn.Module):
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
         groups = self.heads // self.kv_heads
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, heads, n, d]
+        out = scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, heads, n, d]
         return self.o_proj(out.transpose(1, 2).reshape(size, n, -1)), new_context
 
 
@@ -335,7 +339,9 @@ def published_draft(path: str, revision: str | None, target: PreTrainedModel) ->
         files, lambda cached: read_checkpoint(files, cached), lambda found: None not in found, "DFlash drafter dflash"
     )
     if raw is None or state is None:
-        raise ConfigError(f"'{path}' holds no DFlash drafter (needs {CONFIG_FILE} and one of {', '.join(WEIGHT_FILES)})")
+        raise ConfigError(
+            f"'{path}' holds no DFlash drafter (needs {CONFIG_FILE} and one of {', '.join(WEIGHT_FILES)})"
+        )
     accuracy = None
     if files.local and (Path(path) / TRAINING_FILE).is_file():
         accuracy = json.loads((Path(path) / TRAINING_FILE).read_text()).get("accuracy", {}).get("top1")
@@ -345,7 +351,7 @@ def published_draft(path: str, revision: str | None, target: PreTrainedModel) ->
 def build_draft(
     target: PreTrainedModel, num_layers: int, target_layer_ids: list[int], block_size: int, mask_token: int
 ) -> DFlashDraft:
-    """A fresh drafter shaped like ``target`` (its width, heads, rotary settings), sharing its embeddings and LM head."""
+    """A fresh drafter shaped like ``target`` (width, heads, rotary settings), sharing its embeddings and LM head."""
     return DFlashDraft(
         config_for_target(target, num_layers),
         target_layer_ids,
@@ -397,4 +403,6 @@ def load_dflash(node, target: PreTrainedModel, target_name: str) -> LoadedDFlash
 def save_draft(draft: DFlashDraft, folder: Path, base_model: str, num_target_layers: int, training: dict) -> None:
     """Write the drafter (safetensors, authors' keys) + config.json + training.json and, last, manifest.json."""
     config = config_json(draft, base_model, num_target_layers)
-    save_trained_heads(folder, "DFlash drafter", WEIGHT_FILES[0], draft.checkpoint_state(), CONFIG_FILE, config, training)
+    save_trained_heads(
+        folder, "DFlash drafter", WEIGHT_FILES[0], draft.checkpoint_state(), CONFIG_FILE, config, training
+    )

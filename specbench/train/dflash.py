@@ -195,7 +195,9 @@ class DFlashTrainer(
         self.num_target = depth
         chosen = head.layers
         self.target_layers = (
-            checked_target_layers(chosen, depth) if chosen is not None else default_target_layers(depth, head.num_layers)
+            checked_target_layers(chosen, depth)
+            if chosen is not None
+            else default_target_layers(depth, head.num_layers)
         )
         self.vocab = lm.model.get_output_embeddings().weight.shape[0]
 
@@ -205,7 +207,7 @@ class DFlashTrainer(
         return [
             (head.num_layers >= 1, f"head.num_layers must be >= 1 (got {head.num_layers})"),
             (head.block_size >= 2, f"head.block_size must be >= 2 (got {head.block_size})"),
-            (head.mask_token is None or head.mask_token >= 0, f"head.mask_token must be >= 0 or null"),
+            (head.mask_token is None or head.mask_token >= 0, f"head.mask_token must be >= 0 (got {head.mask_token})"),
             (train.anchors >= 1, f"train.anchors must be >= 1 (got {train.anchors})"),
             (
                 train.loss_decay is None or train.loss_decay > 0,

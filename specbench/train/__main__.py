@@ -1,4 +1,4 @@
-"""``python -m specbench.train <part kind> [overrides...]``: build a method's parts once (the kinds: specbench.models.parts)."""
+"""``python -m specbench.train <kind> [overrides...]``: build a method's parts once (kinds: specbench.models.parts)."""
 
 from __future__ import annotations
 

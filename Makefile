@@ -21,7 +21,7 @@ export SPECBENCH_DATA_DIR ?= $(SHARED)/datasets
 export SPECBENCH_CORPUS_DIR ?= $(SHARED)/corpus/sotu_1946_2026
 
 .PHONY: install engine-vllm lock lock-upgrade check-latest demo test test-fast fuzz lint bench-ar bench-verification bench-parallel-drafting bench-model-free bench-engines bench-crosscheck bench-draft bench-medusa bench-eagle bench-quality bench-auto bench-figures bench-all train-draft train-medusa \
-	train-hydra train-eagle train-eagle3 train-layer-skip train-pard train-vocab profile report notebook \
+	train-hydra train-eagle train-eagle3 train-dflash train-layer-skip train-pard train-vocab profile report notebook \
 	reproduce-tables reproduce-run reproduce-build parity clean
 
 SCALE ?= smoke
@@ -139,6 +139,9 @@ train-eagle: install  ## train the embedded model's EAGLE head once (cached in $
 
 train-eagle3: install  ## train the embedded model's EAGLE-3 head once (cached in $SPECBENCH_CACHE)
 	$(PY) -m specbench.train eagle3 model=smollm2_135m
+
+train-dflash: install  ## train the embedded model's DFlash block drafter once (cached in $SPECBENCH_CACHE)
+	$(PY) -m specbench.train dflash model=smollm2_135m
 
 train-pard: install train-draft  ## adapt the embedded model's distilled draft into a PARD parallel draft once
 	$(PY) -m specbench.train pard model=smollm2_135m

@@ -78,7 +78,13 @@ def load_folder(batch_size: int, concurrency: int | None) -> str:
     return f"-b{batch_size}" if concurrency is None else f"-c{concurrency}"
 
 
+def add(*terms: object) -> int:
+    """``${add:${method.drafter.block_size},-1}``: the sum of integer config values (DFlash's vLLM token count)."""
+    return sum(int(str(term)) for term in terms)
+
+
 for name, resolver in (
+    ("add", add),
     ("file_stem", file_stem),
     ("suffix", suffix),
     ("load_folder", load_folder),

@@ -1,4 +1,4 @@
-"""``python -m specbench.train {draft,medusa,eagle,eagle3,hydra,vocab} [overrides...]``: build a method's parts once."""
+"""``python -m specbench.train <kind> [overrides...]``: build a method's parts once (kinds: specbench.models.parts)."""
 
 from __future__ import annotations
 

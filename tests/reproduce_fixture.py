@@ -281,8 +281,8 @@ def write_fixture_results(
     for number, name in enumerate(experiments or experiment_names(scale)):
         session = f"20260101T000000Z-f1x7re-{number}" if sessions else None
         for index, job in enumerate(experiment_jobs(scale, name)):
-            cfg, folder = job_config(job), Path(run_folder(job_config(job), job))
-            partner = run_folder(job_config(partner_job(job)), partner_job(job))
+            cfg, ar = job_config(job), partner_job(job)
+            folder, partner = Path(run_folder(cfg, job)), run_folder(job_config(ar), ar)
             label = str(folder.relative_to(name))
             bench = {
                 "suite": f"reproduce/{scale}",

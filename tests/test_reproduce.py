@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from specbench import environment
 from specbench.config import compose_config
@@ -84,18 +84,21 @@ def assert_partnered(jobs: list[list[str]]) -> None:
         assert not any(o.startswith(("method.", "+self_draft_cache", "+lookahead_ablation")) for o in partner)
 
 
-def test_smoke_plan_replaces_every_model_by_the_stand_in():
-    plan = load_plan("smoke")
-    models = {compose_config(*job).model.name for name in plan.experiments for job in sweep_jobs("smoke", name)}
-    assert models == {plan.stand_in_model}
+@pytest.fixture(scope="module")
+def smoke_configs() -> list[DictConfig]:
+    """The composed config of every job of every smoke sweep."""
+    return [job_config(job) for name in load_plan("smoke").experiments for job in sweep_jobs("smoke", name)]
 
 
-def test_every_smoke_run_answers_the_same_samples_of_its_dataset():
+def test_smoke_plan_replaces_every_model_by_the_stand_in(smoke_configs):
+    assert {cfg.model.name for cfg in smoke_configs} == {load_plan("smoke").stand_in_model}
+
+
+def test_every_smoke_run_answers_the_same_samples_of_its_dataset(smoke_configs):
     """One sample set per dataset over the whole smoke plan (same limit, budget and order for every job), so a
     sweep's points, its default point and its AR baseline are measured on the same samples (8 MT-Bench questions:
     one per category)."""
-    jobs = [job_config(job) for name in load_plan("smoke").experiments for job in sweep_jobs("smoke", name)]
-    assert {(cfg.limit, cfg.max_new_tokens, cfg.dataset.order) for cfg in jobs} == {(8, 48, "round_robin")}
+    assert {(cfg.limit, cfg.max_new_tokens, cfg.dataset.order) for cfg in smoke_configs} == {(8, 48, "round_robin")}
 
 
 def test_unknown_scale_and_experiment_are_clear_errors():

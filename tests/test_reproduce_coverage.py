@@ -25,6 +25,11 @@ def paper_jobs():
 
 
 @pytest.fixture(scope="module")
+def smoke_jobs():
+    return plan_jobs(load_plan("smoke"))
+
+
+@pytest.fixture(scope="module")
 def covered(paper_jobs):
     return coverage(paper_values(), paper_jobs)
 
@@ -152,15 +157,15 @@ def test_a_measured_profile_of_the_named_gpu_replaces_the_assumption(tmp_path):
         LatencyModel("tpu-v9")
 
 
-def test_no_two_jobs_of_a_plan_share_a_run_folder_with_different_configs(paper_jobs):
+def test_no_two_jobs_of_a_plan_share_a_run_folder_with_different_configs(paper_jobs, smoke_jobs):
     assert folder_conflicts(paper_jobs) == {}
-    assert folder_conflicts(plan_jobs(load_plan("smoke"))) == {}
+    assert folder_conflicts(smoke_jobs) == {}
     one = paper_jobs[0]
     clash = [one, replace(one, experiment="other", digest="0" * 16)]
     assert folder_conflicts(clash) == {one.folder: sorted({one.experiment, "other"})}
 
 
-def test_stored_smoke_runs_keep_their_folders_and_config_digests():
+def test_stored_smoke_runs_keep_their_folders_and_config_digests(smoke_jobs):
     """Every stored smoke run is the run of a job of the smoke plan, with the same config digest, so ``make
     reproduce-tables`` resumes the stored smoke results instead of stopping on a conflict. A stored run that no job
     makes any more (the plan's settings changed its folder) fails too: the test must check every stored run, or a plan
@@ -170,7 +175,7 @@ def test_stored_smoke_runs_keep_their_folders_and_config_digests():
     stored = {path.parent.relative_to(root).as_posix() for path in root.rglob("summary.json")}
     assert stored, "no stored smoke results: results/experiments/smoke is part of the repository"
     changed, checked = [], set()
-    for job in plan_jobs(load_plan("smoke")):
+    for job in smoke_jobs:
         summary = root / job.folder / "summary.json"
         if summary.is_file():
             checked.add(Path(job.folder).as_posix())

@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -162,6 +163,12 @@ def run_plan(
 
 def sweep_jobs(scale: str, name: str) -> list[list[str]]:
     """The override list of every job of one experiment's sweep (the Cartesian product Hydra runs)."""
+    return [list(job) for job in _sweep(scale, name)]
+
+
+@cache
+def _sweep(scale: str, name: str) -> tuple[tuple[str, ...], ...]:
+    """``sweep_jobs``, composed once per process (the experiment's config is read once, like ``coverage._composed``)."""
     cfg = compose_config(f"+experiment={scale}/{name}", hydra_node=True)
     params = cfg.hydra.sweeper.params or {}
     parsed = OverridesParser.create().parse_overrides([f"{key}={value}" for key, value in params.items()])
@@ -171,7 +178,7 @@ def sweep_jobs(scale: str, name: str) -> list[list[str]]:
         else [f"{o.get_key_element()}={o.get_value_element_as_str()}"]
         for o in parsed
     ]
-    return [[f"+experiment={scale}/{name}", *job] for job in itertools.product(*axes)]
+    return tuple((f"+experiment={scale}/{name}", *job) for job in itertools.product(*axes))
 
 
 AR_OVERRIDES = ("method=ar",)

@@ -19,7 +19,7 @@ from specbench.core.acceptance import Acceptance
 from specbench.core.drafter import DecodeContext, Drafter, knob_int
 from specbench.core.tree import DraftTree
 from specbench.core.verify import VerifyOutput
-from specbench.drafters.tree_fill import pick_children
+from specbench.drafters.tree_fill import chain_from_rows
 from specbench.models.dflash import DFlashDraft, load_dflash
 
 
@@ -77,17 +77,8 @@ class DFlash(Drafter):
             self.books.add(steps=1)
             return DraftTree.root_only(ctx.root)
         logits = self._block_logits(ctx)[:budget]  # [budget, vocab]
-        law = ctx.draft_law(True)
-        tokens, laws = [], []
-        for row in logits:
-            (token,), q = pick_children(row, 1, law, ctx.generator)
-            tokens.append(token)
-            if q is not None:
-                laws.append(q)
-        tree = DraftTree.chain(ctx.root, tokens)
-        if laws:
-            tree.draft_probs = torch.stack([*laws, torch.zeros_like(laws[0])])  # [budget + 1, vocab]; leaf unused
-        self.books.add(steps=1, drafted=len(tokens))
+        tree = chain_from_rows(ctx.root, logits, ctx.draft_law(True), ctx.generator)
+        self.books.add(steps=1, drafted=len(tree) - 1)
         return tree
 
     def observe(self, ctx: DecodeContext, tree: DraftTree, verified: VerifyOutput, accepted: Acceptance) -> None:

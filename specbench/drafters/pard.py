@@ -13,12 +13,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import torch
-
 from specbench.core.drafter import DecodeContext, knob_int
 from specbench.core.tree import DraftTree
 from specbench.drafters.draft_model import DraftModelDrafter
-from specbench.drafters.tree_fill import pick_children
+from specbench.drafters.tree_fill import chain_from_rows
 from specbench.models.pard import mask_token_of
 
 
@@ -55,17 +53,7 @@ class Pard(DraftModelDrafter):
             return DraftTree.root_only(ctx.root)
         assert self.lm is not None  # loaded by setup
         rows = self.lm.sync_with_tail(ctx.tokens, [self.mask_token] * (budget - 1))  # [budget, vocab]
-        law = ctx.draft_law(True)
-        tokens, laws = [], []
-        for row in rows:
-            (token,), q = pick_children(row, 1, law, ctx.generator)
-            tokens.append(token)
-            if q is not None:
-                laws.append(q)
-        tree = DraftTree.chain(ctx.root, tokens)
-        if laws:
-            tree.draft_probs = torch.stack([*laws, torch.zeros_like(laws[0])])  # [K + 1, vocab]; the leaf's unused
-        return tree
+        return chain_from_rows(ctx.root, rows, ctx.draft_law(True), ctx.generator)
 
     def update(self, ctx: DecodeContext, tree: DraftTree, accepted) -> None:
         """Nothing to roll back: the cache holds committed tokens only (the masks left it), and the next step's

@@ -74,3 +74,21 @@ def fill_shape(
         leaf = torch.zeros(root_logits.shape[-1])
         tree.draft_probs = torch.stack([q if q is not None else leaf for q in q_rows])  # [nodes, vocab]
     return tree
+
+
+def chain_from_rows(
+    root: int, rows: torch.Tensor, sampling: Sampling | None, generator: torch.Generator | None
+) -> DraftTree:
+    """A chain of one token per row of draft logits ``rows`` [length, vocab], each row fixed before any token is drawn
+    (a block drafted in one forward: PARD, DFlash): the argmax (``sampling`` None), or a draw from the row warped by
+    ``sampling``, whose law is then recorded in ``draft_probs`` for exact speculative sampling."""
+    tokens, laws = [], []
+    for row in rows:
+        (token,), q = pick_children(row, 1, sampling, generator)
+        tokens.append(token)
+        if q is not None:
+            laws.append(q)
+    tree = DraftTree.chain(root, tokens)
+    if laws:
+        tree.draft_probs = torch.stack([*laws, torch.zeros_like(laws[0])])  # [length + 1, vocab]; the leaf's unused
+    return tree

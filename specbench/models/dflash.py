@@ -44,7 +44,13 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, Lla
 
 from specbench.errors import ConfigError
 from specbench.manifest import TRAINING_FILE, part_name, save_trained_heads
-from specbench.models.eagle_heads import IGNORED_SUFFIXES, WEIGHT_FILES, FeatureHead, config_for_target
+from specbench.models.eagle_heads import (
+    IGNORED_SUFFIXES,
+    WEIGHT_FILES,
+    FeatureHead,
+    config_for_target,
+    decoder_keys,
+)
 from specbench.models.medusa_heads import CheckpointFiles, cached_then_hub, head_source, read_tensors
 from specbench.models.parts import part_kind
 
@@ -227,22 +233,11 @@ class LoadedDFlash:
 def config_json(draft: DFlashDraft, base_model: str, num_target_layers: int) -> dict:
     """The drafter's ``config.json`` in the authors' layout (Qwen3 keys, block size, ``dflash_config``)."""
     config = draft.config
-    rope = dict(getattr(config, "rope_parameters", None) or {})
     return {
         "architectures": [ARCHITECTURE],
         "model_type": "qwen3",
-        "hidden_size": config.hidden_size,
-        "intermediate_size": config.intermediate_size,
-        "num_attention_heads": config.num_attention_heads,
-        "num_key_value_heads": config.num_key_value_heads,
-        "head_dim": config.head_dim,
-        "num_hidden_layers": config.num_hidden_layers,
-        "vocab_size": config.vocab_size,
-        "rms_norm_eps": config.rms_norm_eps,
-        "max_position_embeddings": config.max_position_embeddings,
-        "hidden_act": config.hidden_act,
+        **decoder_keys(config),
         "attention_bias": bool(config.attention_bias),
-        "rope_theta": rope.get("rope_theta", 10000.0),
         "tie_word_embeddings": False,
         "block_size": draft.block_size,
         "num_target_layers": num_target_layers,

@@ -178,14 +178,11 @@ def config_for_target(target: PreTrainedModel, num_layers: int = 1) -> LlamaConf
     )
 
 
-def config_json(head: EagleHead, base_model: str) -> dict:
-    """The head's ``config.json`` in EAGLE's format (Llama keys + ``bias``), plus where it belongs."""
-    config = head.config
+def decoder_keys(config: LlamaConfig) -> dict:
+    """The decoder-layer keys of a saved head's ``config.json`` (sizes, norm, positions, activation, rope theta), which
+    EAGLE's and DFlash's layouts share."""
     rope = dict(getattr(config, "rope_parameters", None) or {})
     return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "bias": head.fc_bias,
         "hidden_size": config.hidden_size,
         "intermediate_size": config.intermediate_size,
         "num_attention_heads": config.num_attention_heads,
@@ -197,6 +194,17 @@ def config_json(head: EagleHead, base_model: str) -> dict:
         "max_position_embeddings": config.max_position_embeddings,
         "hidden_act": config.hidden_act,
         "rope_theta": rope.get("rope_theta", 10000.0),
+    }
+
+
+def config_json(head: EagleHead, base_model: str) -> dict:
+    """The head's ``config.json`` in EAGLE's format (Llama keys + ``bias``), plus where it belongs."""
+    config = head.config
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "bias": head.fc_bias,
+        **decoder_keys(config),
         "base_model_name_or_path": base_model,
         "shares_embeddings": head.shares_embeddings,
     }

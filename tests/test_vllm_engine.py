@@ -156,7 +156,7 @@ def test_spede_runs_its_own_draft_in_vllm():
         (["engine=vllm", "method=pld", "budget=auto"], "budget=auto calibrates on the shared loop"),
         (
             ["engine=vllm", "method=lade"],
-            "has no vLLM counterpart; engine=vllm runs the methods ['ar', 'medusa', 'pard', 'pld'",
+            "has no vLLM counterpart; engine=vllm runs the methods ['ar', 'dflash', 'medusa', 'pard', 'pld'",
         ),
         (["engine=vllm", "model=tiny_llama"], "the tiny random model exists only in memory"),
         (["concurrency=4"], "concurrency=4: the number of requests kept in flight against vLLM's server"),

@@ -21,10 +21,8 @@ from specbench.core.block import block_plan
 from specbench.core.rules import acceptance_rule
 from specbench.core.traversal import accept_traversal, traversal_law
 from specbench.core.tree import DraftTree, child_lists
+from tests.test_block_verification import VOCAB, Law, random_law
 
-VOCAB = 3
-
-Law = Callable[[tuple[int, ...]], torch.Tensor]
 Drafted = tuple[DraftTree, list[tuple[int, ...]], float]  # a tree, each node's path tokens, its chance to be drafted
 
 SHAPES = {  # parent lists: node 0 is the root
@@ -35,19 +33,6 @@ SHAPES = {  # parent lists: node 0 is the root
     "2x2": [-1, 0, 0, 1, 1, 2, 2],
 }
 DECODED = {"2x2": 3}  # tokens of the decode whose law is checked (4 unless named: the 2x2 tree has 216 draws)
-
-
-def random_law(seed: int) -> Law:
-    """A context-dependent law over VOCAB tokens: a fixed random distribution per prefix (float64)."""
-    generator, table = torch.Generator().manual_seed(seed), {}
-
-    def law(prefix: tuple[int, ...]) -> torch.Tensor:
-        if prefix not in table:
-            table[prefix] = torch.rand(VOCAB, generator=generator, dtype=torch.float64) ** 3 + 1e-3
-            table[prefix] /= table[prefix].sum()
-        return table[prefix]
-
-    return law
 
 
 def node_paths(parents: list[int], tokens: tuple[int, ...]) -> list[tuple[int, ...]]:

@@ -48,6 +48,7 @@ from specbench.models.eagle_heads import (
     IGNORED_SUFFIXES,
     WEIGHT_FILES,
     FeatureHead,
+    assign_strictly,
     config_for_target,
     decoder_keys,
 )
@@ -304,15 +305,7 @@ def draft_from_checkpoint(
             None if own_embeddings else target.get_input_embeddings(),
             lm_head,
         )
-    expected = set(draft.checkpoint_state())
-    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
-    if missing or unexpected:
-        raise ConfigError(
-            f"DFlash drafter '{origin}' does not match its config.json: missing keys {missing[:4]}, "
-            f"unexpected keys {unexpected[:4]}"
-        )
-    draft.load_state_dict(state, strict=True, assign=True)
-    draft.rotary = LlamaRotaryEmbedding(draft.config)  # real (not meta) rotary buffers
+    assign_strictly(draft, state, "DFlash", origin)
     return draft.to(device=lm_head.weight.device, dtype=lm_head.weight.dtype).eval().requires_grad_(False)
 
 

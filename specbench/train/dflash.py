@@ -89,21 +89,27 @@ def block_labels(item: Sequence, anchors: torch.Tensor, block_size: int) -> tupl
     return index.reshape(-1), valid.reshape(-1)
 
 
+def blocks_forward(draft: DFlashDraft, item: Sequence, anchors: torch.Tensor, device) -> torch.Tensor:
+    """One drafter forward over a sequence's context rows and one block per anchor: the output rows [1, n x B, H]."""
+    ids, positions, mask = block_inputs(item, anchors, draft.block_size, draft.mask_token)
+    out, _ = draft(
+        item.features[None].to(device),
+        torch.arange(item.ids.numel(), device=device)[None],
+        ids.to(device),
+        positions.to(device),
+        mask.to(device),
+    )
+    return out
+
+
 def sequence_loss(
     draft: DFlashDraft, item: Sequence, anchors: torch.Tensor, decay: float | None, device, amp_dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(weighted sum of the rows' soft cross-entropies, sum of their weights) for one sequence's blocks."""
     size = draft.block_size
-    ids, positions, mask = block_inputs(item, anchors, size, draft.mask_token)
     index, valid = block_labels(item, anchors, size)
     with autocast(device, amp_dtype):
-        out, _ = draft(
-            item.features[None].to(device),
-            torch.arange(item.ids.numel(), device=device)[None],
-            ids.to(device),
-            positions.to(device),
-            mask.to(device),
-        )
+        out = blocks_forward(draft, item, anchors, device)
         logits = draft.logits(out[0, valid.to(device)])  # [m, vocab]
     teacher_ids = item.topk_ids[index[valid]].to(device)  # [m, k]
     law = torch.softmax(item.topk_logprobs[index[valid]].float(), dim=-1).to(device)  # [m, k]
@@ -149,14 +155,7 @@ def evaluate(draft: DFlashDraft, sequences: list[Sequence], top_k: int, device, 
         every = torch.arange(item.prompt_len, item.ids.numel() - 1)
         for start in range(0, every.numel(), chunk):
             anchors = every[start : start + chunk]
-            ids, positions, mask = block_inputs(item, anchors, size, draft.mask_token)
-            out, _ = draft(
-                item.features[None].to(device),
-                torch.arange(item.ids.numel(), device=device)[None],
-                ids.to(device),
-                positions.to(device),
-                mask.to(device),
-            )
+            out = blocks_forward(draft, item, anchors, device)
             logits = draft.logits(out[0]).float().view(anchors.numel(), size, -1)[:, 1:]  # [n, B - 1, vocab]
             best = logits.topk(top_k, dim=-1).indices.cpu()  # [n, B - 1, top_k]
             target = anchors[:, None] + torch.arange(1, size)[None]  # [n, B - 1]

@@ -21,7 +21,7 @@ export SPECBENCH_DATA_DIR ?= $(SHARED)/datasets
 export SPECBENCH_CORPUS_DIR ?= $(SHARED)/corpus/sotu_1946_2026
 
 .PHONY: install engine-vllm lock lock-upgrade check-latest demo test test-fast fuzz lint bench-ar bench-verification bench-parallel-drafting bench-model-free bench-engines bench-crosscheck bench-draft bench-medusa bench-eagle bench-quality bench-auto bench-figures bench-all train-draft train-medusa \
-	train-hydra train-eagle train-eagle3 train-dflash train-layer-skip train-pard train-vocab profile report notebook \
+	train-hydra train-eagle train-eagle3 train-eagle3-1 train-dflash train-layer-skip train-pard train-vocab profile report notebook \
 	reproduce-tables reproduce-run reproduce-build parity clean
 
 SCALE ?= smoke
@@ -140,6 +140,9 @@ train-eagle: install  ## train the embedded model's EAGLE head once (cached in $
 train-eagle3: install  ## train the embedded model's EAGLE-3 head once (cached in $SPECBENCH_CACHE)
 	$(PY) -m specbench.train eagle3 model=smollm2_135m
 
+train-eagle3-1: install  ## train the embedded model's EAGLE-3.1 head once (cached in $SPECBENCH_CACHE)
+	$(PY) -m specbench.train eagle3_1 model=smollm2_135m
+
 train-dflash: install  ## train the embedded model's DFlash block drafter once (cached in $SPECBENCH_CACHE)
 	$(PY) -m specbench.train dflash model=smollm2_135m
 
@@ -156,7 +159,7 @@ bench-auto: install train-draft train-medusa train-eagle train-vocab  ## every m
 	$(PY) -m specbench.bench hardware_aware
 	$(PY) -m specbench.report $$(ls -d results/bench/hardware_aware/*/ | tail -1) --merge-repeats --view cost
 
-bench-all: install train-draft train-medusa train-eagle train-layer-skip train-pard  ## every method in one process: step time, time outside the forward, step breakdown
+bench-all: install train-draft train-medusa train-hydra train-eagle train-eagle3 train-eagle3-1 train-dflash train-layer-skip train-pard  ## every method in one process: step time, time outside the forward, step breakdown
 	$(PY) -m specbench.bench all_methods
 
 bench-ar: install  ## specbench AR vs HF generate greedy throughput on the same prompts, one process

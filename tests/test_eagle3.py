@@ -25,8 +25,11 @@ from tests.test_loop import ar_greedy
 LAYERS = [0, 1, 2]  # the tiny target has 2 layers: embeddings, layer 1's input, the last (normed)
 
 
-def random_node(seed: int = 0, draft_vocab: int | None = None) -> dict:
-    node = {"source": "random", "seed": seed, "layers": LAYERS}
+EAGLE3_1 = ("fc_norm", "norm_output")  # the two norms EAGLE-3.1 adds (vLLM's config.json keys)
+
+
+def random_node(seed: int = 0, draft_vocab: int | None = None, norms: tuple[str, ...] = ()) -> dict:
+    node = {"source": "random", "seed": seed, "layers": LAYERS, **dict.fromkeys(norms, True)}
     return node if draft_vocab is None else {**node, "draft_vocab": draft_vocab}
 
 
@@ -90,6 +93,10 @@ def authors_state(config: dict, seed: int = 0, embed: bool = False) -> dict[str,
         state["t2d"] = torch.zeros(config["vocab_size"], dtype=torch.bool).index_fill_(0, DRAFT_TOKENS, True)
     if embed:
         state["embed_tokens.weight"] = rand(config["vocab_size"], hidden, scale=1.0)
+    if config.get("fc_norm"):
+        state.update({f"fc_norm.{i}.weight": gain() for i in range(3)})
+    if config.get("norm_before_fc"):
+        state["input_norm.weight"] = torch.cat([gain() for _ in range(3)])
     return state
 
 
@@ -103,11 +110,17 @@ def rope(x, positions, dim):
 
 def reference_eagle3(state, config, fused, tokens, embeddings):
     """The EAGLE-3 head by hand on one causal sequence: g = fc(fused); x = [rms(e); rms(g)]; attention from 2H with
-    rotary at 0..n-1; residual from g; MLP; then the draft-vocabulary logits and their target ids."""
+    rotary at 0..n-1; residual from g; MLP; then the draft-vocabulary logits and their target ids. EAGLE-3.1's keys:
+    ``fc_norm`` rms-normalises each third of ``fused`` with its own gain, ``norm_before_fc`` the whole of it, and
+    ``norm_output`` returns the normed output (the state the next drafting step reads)."""
     w = {key: value.float() for key, value in state.items() if value.is_floating_point()}
     eps, heads, kv_heads = config["rms_norm_eps"], config["num_attention_heads"], config["num_key_value_heads"]
     hidden = config["hidden_size"]
     dim, n = hidden // heads, len(tokens)
+    if config.get("norm_before_fc"):
+        fused = rms(fused, w["input_norm.weight"], eps)
+    if config.get("fc_norm"):
+        fused = torch.cat([rms(part, w[f"fc_norm.{i}.weight"], eps) for i, part in enumerate(fused.chunk(3, -1))], -1)
     g = fused @ w["fc.weight"].T
     x = torch.cat(
         [
@@ -136,9 +149,10 @@ def reference_eagle3(state, config, fused, tokens, embeddings):
         )
         @ w["midlayer.mlp.down_proj.weight"].T
     )
-    logits = rms(h, w["norm.weight"], eps) @ w["lm_head.weight"].T  # [n, draft]
+    normed = rms(h, w["norm.weight"], eps)
+    logits = normed @ w["lm_head.weight"].T  # [n, draft]
     ids = torch.arange(logits.shape[1]) + state["d2t"] if "d2t" in state else torch.arange(logits.shape[1])
-    return h, logits, ids
+    return normed if config.get("norm_output") else h, logits, ids
 
 
 def causal_run(head: Eagle3Head, fused, tokens):
@@ -150,10 +164,14 @@ def causal_run(head: Eagle3Head, fused, tokens):
         return out, head.target_logits(out)
 
 
-@pytest.mark.parametrize("draft_vocab,embed", [(32, False), (97, False), (32, True)])
-def test_authors_layout_loads_and_matches_a_hand_written_forward(tmp_path, draft_vocab, embed):
+@pytest.mark.parametrize(
+    "draft_vocab,embed,norms",
+    [(32, False, ()), (97, False, ()), (32, True, ()), (32, False, EAGLE3_1), (97, False, ("norm_before_fc",))],
+)
+def test_authors_layout_loads_and_matches_a_hand_written_forward(tmp_path, draft_vocab, embed, norms):
+    """EAGLE-3's layout, and EAGLE-3.1's (the norms' keys in config.json, their gains in the state dict)."""
     tiny = tiny_model()
-    config = {**AUTHORS_CONFIG, "draft_vocab_size": draft_vocab}
+    config = {**AUTHORS_CONFIG, "draft_vocab_size": draft_vocab, **dict.fromkeys(norms, True)}
     state = authors_state(config, embed=embed)
     write_checkpoint(tmp_path / "head", config, state)
     loaded = load_eagle3(
@@ -194,6 +212,10 @@ def test_authors_checkpoint_problems_are_clear(tmp_path):
         load(AUTHORS_CONFIG, {**state, "t2d": torch.zeros(97, dtype=torch.bool)}, "bad_t2d")
     with pytest.raises(ConfigError, match="width 64 and vocabulary 200; this target has 64 and 97"):
         load({**AUTHORS_CONFIG, "vocab_size": 200}, state, "other_vocab")
+    with pytest.raises(ConfigError, match=r"missing keys \['fc_norm.0.weight'"):  # config.json says 3.1, weights 3
+        load({**AUTHORS_CONFIG, "fc_norm": True}, state, "norms_missing")
+    with pytest.raises(ConfigError, match=r"unexpected keys \['fc_norm.0.weight'"):  # weights 3.1, config.json 3
+        load(AUTHORS_CONFIG, authors_state({**AUTHORS_CONFIG, "fc_norm": True}), "norms_unexpected")
 
 
 def test_hub_head_offline_names_the_id_and_the_setting(monkeypatch, tmp_path):
@@ -221,6 +243,18 @@ def test_fused_layers_follow_the_authors_rule():
         fused_layers(2, [0, 1, 3])
 
 
+def test_eagle3_1_is_eagle3_with_its_own_head_node():
+    """method=eagle3_1 composes EAGLE-3's drafter and tree with the model's `eagle3_1:` node and its part kind."""
+    from specbench.config import compose_config
+
+    eagle3, eagle3_1 = (
+        compose_config("model=smollm2_135m", f"method={name}").method for name in ("eagle3", "eagle3_1")
+    )
+    assert eagle3_1.drafter.part == "eagle3_1" and eagle3_1.drafter.head.source == "trained"
+    same = {key: eagle3.drafter[key] for key in eagle3.drafter if key not in ("head", "part")}
+    assert {key: eagle3_1.drafter[key] for key in same} == same and eagle3_1.acceptance == eagle3.acceptance
+
+
 def test_model_configs_name_the_published_heads():
     from specbench.config import compose_config
 
@@ -235,15 +269,16 @@ def test_model_configs_name_the_published_heads():
 # ----------------------------------------------------------------------------------- training-time test
 
 
-def test_unroll_equals_what_decoding_computes():
+@pytest.mark.parametrize("norms", [(), EAGLE3_1])
+def test_unroll_equals_what_decoding_computes(norms):
     """The trainer's unroll step j at anchor t equals the head cache's chain drafted from t (committed pairs
     0..t, then own outputs with the teacher-forced tokens at positions t + 1 .. t + j): training-time test
-    trains exactly the rows decoding builds."""
+    trains exactly the rows decoding builds (EAGLE-3.1's post-norm feedback included)."""
     from specbench.train.eagle import Sequence
     from specbench.train.eagle3 import all_anchors, collate, unroll
 
     tiny = tiny_model()
-    head = random_head(tiny, seed=3, draft_vocab=40)
+    head = random_head(tiny, seed=3, draft_vocab=40, norms=norms)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 97, (12,), generator=gen)
     item = Sequence(
@@ -280,11 +315,12 @@ def test_draft_vocabulary_keeps_the_most_frequent_answer_tokens():
 # ----------------------------------------------------------------------------------- greedy equality
 
 
-@pytest.mark.parametrize("draft_vocab", [None, 24])
+@pytest.mark.parametrize("draft_vocab,norms", [(None, ()), (24, ()), (24, EAGLE3_1)])
 @pytest.mark.parametrize("rule", ["speculative", "match"])
-def test_greedy_equals_ar_tiny(draft_vocab, rule):
+def test_greedy_equals_ar_tiny(draft_vocab, norms, rule):
     tiny = tiny_model()
-    drafter = Eagle3(head=OmegaConf.create(random_node(1, draft_vocab)), top_k=4, depth=3, total_tokens=12)
+    node = OmegaConf.create(random_node(1, draft_vocab, norms))
+    drafter = Eagle3(head=node, top_k=4, depth=3, total_tokens=12)
     drafter.setup(tiny, None)
     assert drafter.hidden_layers == tuple(LAYERS)
     rng = random.Random(1)
@@ -293,6 +329,8 @@ def test_greedy_equals_ar_tiny(draft_vocab, rule):
         assert decode(tiny, drafter, prompt, 40, rule=rule).output_ids == ar_greedy(tiny, prompt, 40).output_ids
     stats = drafter.stats()
     assert stats["steps"] > 0 and stats["drafted_per_step"] > 1 and stats["head"] == "random(seed=1)"
+    head = drafter.draft.head
+    assert (head.fc_norm is not None, head.norm_output) == (bool(norms), bool(norms))
 
 
 class FusedOracle(torch.nn.Module):
@@ -373,11 +411,17 @@ def test_greedy_equals_ar_embedded(embedded, shared_data, tmp_path):
 
 
 @pytest.mark.slow
-def test_train_eagle3_end_to_end_tiny(training_cache, shared_data):
-    """`train eagle3` on tiny_llama: saves the authors' layout + per-depth accuracy, reruns as a no-op, decodes."""
+@pytest.mark.parametrize("command", ["eagle3", "eagle3_1"])
+def test_train_eagle3_end_to_end_tiny(training_cache, shared_data, command):
+    """`train eagle3` (and `eagle3_1`) on tiny_llama: saves the authors' layout (EAGLE-3.1's norms in config.json
+    and the weights, in a folder of its own) + per-depth accuracy, reruns as a no-op, decodes."""
+    import importlib
+
     from specbench.config import compose_config
     from specbench.models.loading import load_model
-    from specbench.train import eagle3 as eagle3_train
+    from specbench.models.parts import part_kind
+
+    eagle3_train = importlib.import_module(f"specbench.train.{command}")
 
     args = [
         "model=tiny_llama",
@@ -398,17 +442,21 @@ def test_train_eagle3_end_to_end_tiny(training_cache, shared_data):
     assert record["result"]["steps"] == 2 and len(record["accuracy"]["top1"]) == 3
     assert len(record["result"]["loss_curve"]) == 0 or len(record["result"]["loss_curve"][0]) == 4
     assert config["draft_vocab_size"] == 300 and record["fused_layers"] == LAYERS
+    assert folder == part_kind(command).folder("tiny_llama")
+    norms = command == "eagle3_1"
+    assert all(config.get(key, False) is norms for key in EAGLE3_1) and "norm_before_fc" not in config
     weights = folder / "model.safetensors"
     stamp = weights.stat().st_mtime_ns
     assert eagle3_train.main(args) == folder and weights.stat().st_mtime_ns == stamp  # cached: no-op
     lm = load_model(compose_config("model=tiny_llama").model, torch.device("cpu"), torch.float32)
     node = OmegaConf.create({"source": "trained", "layers": LAYERS})
-    drafter = Eagle3(head=node, target_name="tiny_llama", top_k=3, depth=2)
+    drafter = Eagle3(head=node, target_name="tiny_llama", top_k=3, depth=2, part=command)
     drafter.setup(lm.model, lm.tokenizer)
     assert drafter.stats()["trained_top1_by_depth"] == record["accuracy"]["top1"]
     assert drafter.draft.head.draft_vocab_size == 300
+    assert (drafter.draft.head.fc_norm is not None, drafter.draft.head.norm_output) == (norms, norms)
     manifest = json.loads((folder / "manifest.json").read_text())
-    assert drafter.artefacts() == [f"eagle3:{manifest['weights_digest']}"]
+    assert drafter.artefacts() == [f"{command}:{manifest['weights_digest']}"]
     prompt = [1, 2, 3, 4]
     assert decode(lm.model, drafter, prompt, 12).output_ids == ar_greedy(lm.model, prompt, 12).output_ids
 

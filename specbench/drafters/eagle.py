@@ -389,7 +389,15 @@ class EagleOptTree(EagleDrafter):
 
 
 class Eagle3(Eagle2):
-    """EAGLE-3: EAGLE-2's dynamic tree from an EAGLE-3 head fed the target's low, middle and high layers."""
+    """EAGLE-3: EAGLE-2's dynamic tree from an EAGLE-3 head fed the target's low, middle and high layers.
+
+    ``part`` is the part kind whose trained heads ``source: trained`` loads: ``eagle3``, or ``eagle3_1`` (EAGLE-3.1's
+    heads, trained apart); the head's own config.json says which norms it has.
+    """
+
+    def __init__(self, *args, part: str = "eagle3", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.part = part
 
     def setup(self, target, tokenizer) -> None:
         """Load the head (the model config's ``eagle3:`` node) and ask the loop for the layers it fuses."""
@@ -398,7 +406,7 @@ class Eagle3(Eagle2):
                 "method.drafter.draft_vocab does not apply to EAGLE-3: its head has its own draft vocabulary "
                 "(python -m specbench.train eagle3 head.draft_vocab_size=N); drop the override"
             )
-        loaded = load_eagle3(self.head_cfg, target, self.target_name)
+        loaded = load_eagle3(self.head_cfg, target, self.target_name, self.part)
         self.hidden_layers = loaded.layers
         self.loaded_head = HeadCache(loaded.head, loaded.head.target_logits)
         self.origin, self.trained_top1 = loaded.origin, loaded.top1_by_depth

@@ -14,6 +14,13 @@ Reduced vocabulary: ``lm_head`` has ``draft_vocab_size`` rows; draft token d is 
 (``d2t`` [draft_vocab_size] int64 offsets) and ``t2d`` [vocab] bool marks the target tokens the draft
 vocabulary holds. Heads whose draft vocabulary is the target's omit both.
 
+EAGLE-3.1 (the EAGLE, vLLM and TorchSpec teams, 2026; docs/methods/eagle3.md#eagle-31) is the same head with two
+norms against attention drift, switched on by ``config.json`` keys as vLLM reads them (a head without them is
+EAGLE-3): ``fc_norm`` gives each of the three fused hidden states its own RMSNorm before ``fc``
+(``fc_norm.{0,1,2}.weight``), and ``norm_output`` feeds the POST-norm output ``norm(a_t)`` to the next drafting
+step (the logits read it directly) instead of a_t. vLLM also reads ``norm_before_fc`` (one RMSNorm over the
+whole 3H concatenation, ``input_norm.weight``), loaded here too.
+
 Published layout (SafeAILab's EAGLE-3 heads, e.g. ``yuhuili/EAGLE3-LLaMA3.1-Instruct-8B``,
 ``yuhuili/EAGLE3-Vicuna1.3-13B``): ``config.json`` (Llama keys with ``num_hidden_layers: 1`` and
 ``draft_vocab_size``) and ``pytorch_model.bin`` (``model.safetensors`` also read) holding ``fc.weight``,
@@ -56,6 +63,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 VOCAB_MAP_KEYS = ("d2t", "t2d")
+EAGLE3_1_KEYS = ("fc_norm", "norm_output", "norm_before_fc")
+"""The ``config.json`` keys of EAGLE-3.1's norms (vLLM's names); absent or false on an EAGLE-3 head."""
 
 
 def fused_layers(num_layers: int, override=None) -> tuple[int, ...]:
@@ -122,7 +131,14 @@ class Eagle3Head(FeatureHead):
         super().__init__()
         config._attn_implementation = "sdpa"
         self.config = config
-        hidden, vocab = config.hidden_size, config.vocab_size
+        hidden, vocab, eps = config.hidden_size, config.vocab_size, config.rms_norm_eps
+        self.input_norm = LlamaRMSNorm(3 * hidden, eps=eps) if getattr(config, "norm_before_fc", False) else None
+        self.fc_norm = (
+            nn.ModuleList(LlamaRMSNorm(hidden, eps=eps) for _ in range(3))
+            if getattr(config, "fc_norm", False)
+            else None
+        )
+        self.norm_output = bool(getattr(config, "norm_output", False))
         self.fc = nn.Linear(3 * hidden, hidden, bias=False)
         self.midlayer = Eagle3Layer(config)
         self.norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
@@ -159,20 +175,32 @@ class Eagle3Head(FeatureHead):
         attention_mask: torch.Tensor,
         cache=None,
     ) -> torch.Tensor:
-        """Output hidden states [B, n, H] from pairs (features, next tokens input_ids [B, n]).
+        """Output hidden states [B, n, H] from pairs (features, next tokens input_ids [B, n]): what the next
+        drafting step reads (post-norm with ``norm_output``).
 
         ``features`` are either the target's fused layers [B, n, 3H] (projected by ``fc``) or the head's own
         outputs [B, n, H] (deeper drafts). ``position_ids`` [B, n]; ``attention_mask`` additive
         [B or 1, 1, n, past + n]; ``cache`` a DynamicCache or None.
         """
-        hidden = self.fc(features) if features.shape[-1] != self.config.hidden_size else features  # [B, n, H]
+        hidden = self.fuse(features) if features.shape[-1] != self.config.hidden_size else features  # [B, n, H]
         embeds = self.embed(input_ids).to(hidden.dtype)  # [B, n, H]
         rotary = self.rotary(hidden, position_ids)
-        return self.midlayer(embeds, hidden, attention_mask, rotary, cache)
+        out = self.midlayer(embeds, hidden, attention_mask, rotary, cache)  # [B, n, H]
+        return self.norm(out) if self.norm_output else out
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """g_t [..., H] from the target's three fused hidden states [..., 3H], normed first where the head says."""
+        if self.input_norm is not None:
+            features = self.input_norm(features)
+        if self.fc_norm is not None:
+            parts = features.chunk(3, dim=-1)  # 3 x [..., H], low / middle / high
+            features = torch.cat([norm(part) for norm, part in zip(self.fc_norm, parts, strict=True)], dim=-1)
+        return self.fc(features)
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits over the draft vocabulary [..., draft_vocab_size] of output hidden states [..., H]."""
-        return self.lm_head(self.norm(hidden))
+        """Logits over the draft vocabulary [..., draft_vocab_size] of output hidden states [..., H] (already
+        normed with ``norm_output``)."""
+        return self.lm_head(hidden if self.norm_output else self.norm(hidden))
 
     def target_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft logits placed in the target vocabulary [k, vocab] (float32; -inf where the draft vocabulary has
@@ -237,10 +265,15 @@ def head_from_state(state: dict[str, torch.Tensor], raw: dict, target: PreTraine
     return head.to(device=weight.device, dtype=weight.dtype).eval().requires_grad_(False)
 
 
-def random_head(target: PreTrainedModel, seed: int, draft_vocab: int | None = None) -> Eagle3Head:
+def random_head(
+    target: PreTrainedModel, seed: int, draft_vocab: int | None = None, norms: tuple[str, ...] = ()
+) -> Eagle3Head:
     """A seeded random head sharing the target's embeddings, over a seeded random draft vocabulary of
-    ``draft_vocab`` tokens (None: the whole vocabulary); tests and smoke runs of the machinery."""
+    ``draft_vocab`` tokens (None: the whole vocabulary), with the EAGLE-3.1 ``norms`` named (``EAGLE3_1_KEYS``);
+    tests and smoke runs of the machinery."""
     config = config_for_target(target)
+    for key in norms:
+        setattr(config, key, True)
     generator = torch.Generator().manual_seed(seed)
     tokens = None
     if draft_vocab is not None and draft_vocab < config.vocab_size:
@@ -261,20 +294,22 @@ def published_head(path: str, revision: str | None, target: PreTrainedModel) -> 
     return head_from_state(state, raw, target, path), accuracy
 
 
-def load_eagle3(node, target: PreTrainedModel, target_name: str) -> LoadedEagle3:
-    """The head a ``conf/model/*.yaml`` ``eagle3:`` node names, bound to ``target``, with the layers it fuses."""
-    source = head_source(node, "eagle3", target_name)
+def load_eagle3(node, target: PreTrainedModel, target_name: str, kind: str = "eagle3") -> LoadedEagle3:
+    """The head a ``conf/model/*.yaml`` ``eagle3:`` node (``kind``: or ``eagle3_1:``, whose trained heads live
+    apart) names, bound to ``target``, with the layers it fuses."""
+    source = head_source(node, kind, target_name)
     layers = fused_layers(target.config.num_hidden_layers, node.get("layers"))
     if source == "hub":
         head, accuracy = published_head(str(node["path"]), node.get("revision"), target)
         return LoadedEagle3(head, layers, str(node["path"]), accuracy)
     if source == "trained":
-        folder, manifest = part_kind("eagle3").built(target_name)
+        folder, manifest = part_kind(kind).built(target_name)
         head, accuracy = published_head(str(folder), None, target)
-        return LoadedEagle3(head, layers, part_name("eagle3", folder, manifest), accuracy)
+        return LoadedEagle3(head, layers, part_name(kind, folder, manifest), accuracy)
     seed = int(node.get("seed", 0))
     draft_vocab = node.get("draft_vocab")
-    head = random_head(target, seed, None if draft_vocab is None else int(draft_vocab))
+    norms = tuple(key for key in EAGLE3_1_KEYS if node.get(key))
+    head = random_head(target, seed, None if draft_vocab is None else int(draft_vocab), norms)
     return LoadedEagle3(head, layers, f"random(seed={seed})", None)
 
 
@@ -299,7 +334,13 @@ def config_json(head: Eagle3Head, base_model: str, layers: tuple[int, ...]) -> d
         "rope_theta": rope.get("rope_theta", 10000.0),
         "base_model_name_or_path": base_model,
         "fused_layers": list(layers),  # ours, for the record: the authors' heads use (2, L // 2, L - 3)
+        **{key: True for key in EAGLE3_1_KEYS if flag_of(head, key)},
     }
+
+
+def flag_of(head: Eagle3Head, key: str) -> bool:
+    """Whether ``head`` has the EAGLE-3.1 norm that ``config.json`` key ``key`` names."""
+    return bool(getattr(head.config, key, False))
 
 
 def save_head(head: Eagle3Head, folder: Path, base_model: str, layers: tuple[int, ...], training: dict) -> None:

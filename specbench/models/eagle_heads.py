@@ -266,7 +266,7 @@ def randomized(head: FeatureHead, generator: torch.Generator, target: PreTrained
     and in its dtype."""
     with torch.no_grad():
         for name, param in head.named_parameters():
-            if name.endswith("norm.weight"):
+            if any("norm" in part for part in name.split(".")):  # every RMSNorm gain: its own name holds "norm"
                 continue
             fan_in = param.shape[-1] if param.dim() > 1 else 1
             param.copy_(torch.randn(param.shape, generator=generator) / math.sqrt(fan_in))

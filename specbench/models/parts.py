@@ -1,8 +1,8 @@
 """The kinds of part a method reads beside its target, each declared once: its config node, trainer, cache folder.
 
 A part is something a method needs besides the target's own weights and that specbench can build for a target
-(a distilled draft model, Medusa / EAGLE / EAGLE-3 / Hydra heads, a DFlash drafter, a draft-vocabulary ranking,
-Draft&Verify's searched skipped set, Sequoia's measured acceptance vector). Everything that
+(a distilled draft model, Medusa / EAGLE / EAGLE-3 / EAGLE-3.1 / Hydra heads, a DFlash drafter, a
+draft-vocabulary ranking, Draft&Verify's searched skipped set, Sequoia's measured acceptance vector). Everything that
 needs to know about part kinds reads this table: the runner (which model nodes are parts, which enter the
 configuration digest only through the method that reads them), the reproduction plan (which parts a pending job
 needs trained) and ``python -m specbench.train`` (its subcommands). Adding a trained method adds one entry here.
@@ -127,6 +127,14 @@ PART_KINDS: dict[str, PartKind] = {
             "EAGLE-3 head",
             "eagle3/{target}",
             node="eagle3",
+        ),
+        PartKind(
+            "eagle3_1",
+            "specbench.train.eagle3_1",
+            "train an EAGLE-3.1 head (EAGLE-3 with a norm per fused layer and post-norm feedback) on the answers",
+            "EAGLE-3.1 head",
+            "eagle3_1/{target}",
+            node="eagle3_1",
         ),
         PartKind(
             "dflash",

@@ -52,6 +52,8 @@ class Eagle3HeadSettings:
     draft_vocab_size: int | None
     layers: list[int] | None
     init_lm_head: str
+    fc_norm: bool = False  # EAGLE-3.1's norms (conf/train/eagle3_1.yaml sets them; absent: EAGLE-3)
+    norm_output: bool = False
 
 
 @dataclass
@@ -235,8 +237,11 @@ def target_to_draft(head: Eagle3Head, vocab: int) -> torch.Tensor:
 
 def build_head(target, head_cfg, draft_tokens: torch.Tensor | None, device: torch.device) -> Eagle3Head:
     """A fresh float32 head sharing the target's (frozen) embeddings; its LM head optionally starts from the
-    target's rows of the draft tokens (and its norm from the target's final norm)."""
-    head = Eagle3Head(config_for_target(target), draft_tokens, target.get_input_embeddings())
+    target's rows of the draft tokens (and its norm from the target's final norm); EAGLE-3.1's norms where
+    ``head_cfg`` asks for them."""
+    config = config_for_target(target)
+    config.fc_norm, config.norm_output = bool(head_cfg.get("fc_norm")), bool(head_cfg.get("norm_output"))
+    head = Eagle3Head(config, draft_tokens, target.get_input_embeddings())
     if head_cfg.init_lm_head == "target":
         rows = head.draft_tokens()
         with torch.no_grad():

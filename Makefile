@@ -84,7 +84,7 @@ bench-model-free: install train-layer-skip  ## AR, HF prompt lookup, PLD, ANPD, 
 	$(PY) -m specbench.bench model_free
 	$(PY) -m specbench.bench model_free --dataset mt_bench
 
-bench-parallel-drafting: install train-draft train-pard train-dflash train-eagle3  ## AR, SpeDe, PARD at K = 4 and 8, DFlash at B = 5 and 9, EAGLE-3: HumanEval (20) then MT-Bench (20 turns), drafting view
+bench-parallel-drafting: install train-draft train-pard train-dflash train-eagle3 train-eagle3-1  ## AR, SpeDe, PARD at K = 4 and 8, DFlash at B = 5 and 9, EAGLE-3 and 3.1: HumanEval (20) then MT-Bench (20 turns), drafting view
 	$(PY) -m specbench.bench parallel_drafting
 	$(PY) -m specbench.report $$(ls -d results/bench/parallel_drafting/*/ | tail -1) --view drafting
 	$(PY) -m specbench.bench parallel_drafting --dataset mt_bench --limit 10

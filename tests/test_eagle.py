@@ -595,6 +595,16 @@ SAMPLED = {  # name -> (drafter, acceptance rule, negative control)
         "speculative",
         "keep_token",
     ),
+    "eagle3_1": (  # EAGLE-3.1's norms (fc_norm, norm_output) on the same head: the same law
+        lambda h: Eagle3(
+            head=OmegaConf.merge(h, {"layers": [0, 0, 1], "fc_norm": True, "norm_output": True}),
+            top_k=2,
+            depth=2,
+            total_tokens=6,
+        ),
+        "speculative",
+        None,
+    ),
     "opt_tree_eagle": (lambda h: EagleOptTree(head=h, nodes=4, threshold=0.0), "match", None),
     "opt_tree_eagle_speculative": (
         lambda h: EagleOptTree(head=h, nodes=4, threshold=0.0),

@@ -38,8 +38,9 @@ PATCHES = [
     "prompts: `PardInfer.get_input` (chat template, tokenizer, `.cuda()`) returns the job's token ids instead, so "
     "`generate` runs on specbench's prompts; `get_model`'s `AutoTokenizer` is a stand-in with the job's EOS id "
     "(the loop uses it for `eos_token_id` and for one `decode` per prompt)",
-    "budget: `max_cache_len` (the static caches' length; the loop stops 32 tokens short of it) is the longest "
-    "prompt + `max_new_tokens` + 64, so only `tokens` = `max_new_tokens` stops a generation",
+    "settings (no patch): `para` (parallel drafting) on, `draft_k` = the case's K, `tokens` = `max_new_tokens`, `nc` "
+    "(no compile); `max_cache_len` (the static caches' length, by default `tokens`; the loop stops 32 tokens short "
+    "of it) = the longest prompt + `max_new_tokens` + 64, so only `tokens` stops a generation",
     "counting: a loguru sink collects the loop's own `[accept token num]: n` lines (its stdout sink is removed: "
     "stdout carries the JSON); the stand-in tokenizer's `decode`, called once per prompt on the whole sequence, "
     "records the committed tokens. The AR reference is transformers 4.51's greedy `generate` on the same target",

@@ -477,3 +477,11 @@ def test_pard_cases_send_k_and_the_draft_folder_to_the_official_side(tmp_path):
     assert by_label["k8"].official == {"draft_k": 8, "draft_dir": str(tmp_path)}
     assert by_label["k4"].official["draft_k"] == 4
     assert f"model.pard.path={tmp_path}" in by_label["k4"].overrides
+
+
+def test_pard_driver_names_a_missing_draft_before_any_model_loads(monkeypatch, tmp_path):
+    from specbench.parity import pard
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    with pytest.raises(SystemExit, match="python -m specbench.train pard model=smollm2_135m"):
+        pard.main(["--datasets", "humaneval=1"])

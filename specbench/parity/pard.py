@@ -15,6 +15,7 @@ import itertools
 import sys
 from collections.abc import Sequence
 
+from specbench.errors import ModelUnavailable
 from specbench.parity import stepwise
 from specbench.parity.common import OfficialSource, SideEnv
 from specbench.parity.stepwise import Case, Driver, Row
@@ -150,7 +151,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--draft", default=None, help="a PARD draft folder (default: the model config's)")
     known, rest = parser.parse_known_args(sys.argv[2:] if argv is None else argv)
-    return stepwise.run(DRIVER, rest, cases_with(known.draft), CASE_LABELS)
+    cases = cases_with(known.draft)
+    try:
+        cases(None)  # resolves the draft's folder: a missing one is named before any model loads
+    except ModelUnavailable as error:
+        raise SystemExit(f"error: {error}") from None
+    return stepwise.run(DRIVER, rest, cases, CASE_LABELS)
 
 
 if __name__ == "__main__":

@@ -485,3 +485,24 @@ def test_pard_driver_names_a_missing_draft_before_any_model_loads(monkeypatch, t
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
     with pytest.raises(SystemExit, match="python -m specbench.train pard model=smollm2_135m"):
         pard.main(["--datasets", "humaneval=1"])
+
+
+def test_pard_target_stand_in_is_the_target_with_a_mask_token_written_once(monkeypatch, tmp_path):
+    import json
+    from types import SimpleNamespace
+
+    from specbench.parity.pard import cases_with, stand_in_dir, target_stand_in
+    from tests.conftest import tiny_model
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    saved: list = []
+    lm = SimpleNamespace(model=tiny_model(), tokenizer=SimpleNamespace(save_pretrained=saved.append))
+    folder = target_stand_in(lm)
+    assert folder == stand_in_dir() == tmp_path / "parity" / "pard-target"
+    config = json.loads((folder / "config.json").read_text())
+    assert config["pard_token"] == 97 and config["vocab_size"] == 98
+    assert lm.model.config.vocab_size == 97  # the target itself is untouched
+    target_stand_in(lm)
+    assert len(saved) == 1  # written once
+    case = cases_with("target")(None)[0]
+    assert case.official["draft_dir"] == str(folder) and f"model.pard.path={folder}" in case.overrides

@@ -11,9 +11,11 @@ steps from the first committed count both reach; the table's extra section shows
 
 from __future__ import annotations
 
+import copy
 import itertools
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from specbench.errors import ModelUnavailable
 from specbench.parity import stepwise
@@ -122,14 +124,45 @@ def compose(overrides: tuple[str, ...]):
     return compose_config("model=smollm2_135m", "method=pard", "temperature=0", *overrides)
 
 
+TARGET_STAND_IN = "target"
+"""``--draft target``: the target itself with a mask token appended (``target_stand_in``), a diagnostic draft."""
+
+
+def stand_in_dir() -> Path:
+    """Where ``target_stand_in`` writes the target-as-draft folder."""
+    from specbench.paths import cache_root
+
+    return cache_root() / "parity" / "pard-target"
+
+
+def target_stand_in(lm) -> Path:
+    """The target with a new mask token appended (``with_mask_token``: its embedding row the mean row) in the
+    authors' layout, written once into ``stand_in_dir()``: its first drafted token is the target's own next token,
+    so an official prefill commits more than one token whenever the masks guess nothing (a diagnostic draft)."""
+    from specbench.files import atomic_dir
+    from specbench.models.pard import with_mask_token
+
+    folder = stand_in_dir()
+    if not (folder / "config.json").is_file():
+        draft = copy.deepcopy(lm.model)
+        with_mask_token(draft, None)
+        with atomic_dir(folder) as staging:
+            draft.save_pretrained(staging)
+            lm.tokenizer.save_pretrained(staging)
+    return folder
+
+
 def cases_with(draft: str | None):
-    """The cases, each with ``model.pard.path=draft`` when a draft folder is given; K and the draft's folder (what
-    ``model.pard`` names) read from the composed config."""
+    """The cases, each with ``model.pard.path`` = the ``draft`` folder when one is given (``target``: the target
+    stand-in, written once the model is loaded); K and the draft's folder read from the composed config."""
     from specbench.models.draft import draft_location
 
-    extra = (f"model.pard.path={draft}",) if draft else ()
+    folder = str(stand_in_dir()) if draft == TARGET_STAND_IN else draft
+    extra = (f"model.pard.path={folder}",) if folder else ()
 
     def cases(lm) -> list[Case]:
+        if draft == TARGET_STAND_IN and lm is not None:
+            target_stand_in(lm)
         out = []
         for label, overrides in CASE_OVERRIDES.items():
             drafter = compose((*overrides, *extra)).method.drafter
@@ -145,18 +178,24 @@ def cases_with(draft: str | None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``stepwise.run`` on the PARD draft of ``model.pard``; ``--draft DIR`` runs another draft on both sides."""
+    """``stepwise.run`` on the PARD draft of ``model.pard``; ``--draft DIR`` (or ``target``) runs another one."""
     import argparse
 
     parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--draft", default=None, help="a PARD draft folder (default: the model config's)")
-    known, rest = parser.parse_known_args(sys.argv[2:] if argv is None else argv)
+    parser.add_argument(
+        "--draft",
+        default=None,
+        help="a PARD draft folder (default: the model config's); `target`: "
+        "the target with a mask token appended, a diagnostic draft",
+    )
+    given = sys.argv[2:] if argv is None else argv
+    known, rest = parser.parse_known_args(given)
     cases = cases_with(known.draft)
     try:
         cases(None)  # resolves the draft's folder: a missing one is named before any model loads
     except ModelUnavailable as error:
         raise SystemExit(f"error: {error}") from None
-    return stepwise.run(DRIVER, rest, cases, CASE_LABELS)
+    return stepwise.run(DRIVER, rest, cases, CASE_LABELS, shown_argv=given)
 
 
 if __name__ == "__main__":

@@ -356,11 +356,13 @@ def run(
     cases: Callable[[object], list[Case]],
     case_labels: Sequence[str],
     job_extra: Callable[[object], dict] = lambda lm: {},
+    shown_argv: list[str] | None = None,
 ) -> int:
     """Parse the options, run both sides on every (case, dataset, prompt), write the table and its JSON.
 
     ``cases(lm)`` builds the cases once the model is loaded (a case's official knobs may come from the
-    drafter specbench builds, e.g. its tree); ``job_extra(lm)`` adds method-wide fields to the job.
+    drafter specbench builds, e.g. its tree); ``job_extra(lm)`` adds method-wide fields to the job;
+    ``shown_argv``: the arguments the table's command shows (a driver's own options included; default ``argv``).
     """
     args = parse_args(driver, argv, case_labels)
     out = Path(args.out)
@@ -416,7 +418,7 @@ def run(
             )
     payload = {
         "command": f"python -m specbench.parity {driver.method} "
-        + shlex.join(argv if argv is not None else sys.argv[2:]),
+        + shlex.join(shown_argv if shown_argv is not None else argv if argv is not None else sys.argv[2:]),
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "wall_min": (time.perf_counter() - started) / 60,
         "max_new_tokens": args.max_new_tokens,

@@ -363,3 +363,146 @@ def test_self_draft_cases_send_the_composed_knobs_to_the_official_side():
     assert {label for label, case in by_label.items() if case.official["use_corpus"]} == USES_CORPUS
     for label in OFFICIAL_START:
         assert "method.drafter.branch_filling=diagonal" in by_label[label].overrides
+
+
+# ------------------------------------------------------------------------------ SWIFT driver
+
+
+def test_swift_official_draws_follow_numpys_global_choice_after_seed():
+    import numpy as np
+
+    from specbench.parity.swift import official_draws
+
+    draw = official_draws(8, 3, seed=5)
+    np.random.seed(5)  # the official seed_everything, then layer_random_search's np.random.choice per proposal
+    for _ in range(4):
+        chosen = set(np.random.choice(8, 3, replace=False).tolist())
+        assert draw() == tuple(int(i in chosen) for i in range(8))
+
+
+def test_swift_official_start_hook_takes_the_official_draws_and_start_rule():
+    from types import SimpleNamespace
+
+    from specbench.drafters.swift import Swift
+    from specbench.parity.swift import official_draws, start_like_official
+    from tests.conftest import tiny_model
+
+    drafter = Swift(context_window=4)
+    drafter.setup(tiny_model(num_hidden_layers=4), None)
+    start_like_official(drafter, seed=3)
+    proposals = drafter.search.proposals
+    assert proposals.random_point() == official_draws(proposals.dims, proposals.ones, 3)()
+    prompt = [1, 2, 3]
+
+    def ctx(output: int, step: int = 1):
+        return SimpleNamespace(tokens=prompt + [7] * output, prompt_len=len(prompt), step=step)
+
+    # specbench's own rule starts once the output with the root exceeds the window + 1; the official one once the
+    # committed tokens (the root excluded) do: one token later
+    assert Swift.optimization_due(drafter, ctx(6)) and not drafter.optimization_due(ctx(6))
+    assert drafter.optimization_due(ctx(7))
+    drafter.opt_interval = 2  # the official grid: the index of the step just verified (steps done - 1)
+    assert drafter.optimization_due(ctx(7, step=3)) and not drafter.optimization_due(ctx(7, step=2))
+
+
+def test_swift_cases_send_the_composed_knobs_and_refuse_hard_wired_ones():
+    from omegaconf import OmegaConf
+
+    from specbench.parity.swift import CASE_LABELS, OFFICIAL_SEED, cases, compose, official_knobs
+
+    by_label = {case.label: case for case in cases(None)}
+    assert tuple(by_label) == CASE_LABELS
+    assert by_label["default"].official == {
+        "skip_ratio": 0.45,
+        "context_window": 50,
+        "opt_interval": 1,
+        "bayes_interval": 25,
+        "max_opt_iter": 1000,
+        "max_tolerance_iter": 300,
+        "max_score": 0.93,
+        "seed": OFFICIAL_SEED,
+        "fresh": False,
+    }
+    draws = by_label["official-draws"].official
+    assert draws["fresh"] and draws["bayes_interval"] == 1000 and draws["context_window"] == 16
+    drafter = OmegaConf.to_container(compose(()).method.drafter)
+    with pytest.raises(SystemExit, match="hard-wires threshold"):
+        official_knobs({**drafter, "threshold": 0.7})
+
+
+# ------------------------------------------------------------------------------ PARD driver
+
+
+def test_cut_trace_takes_an_official_prefill_that_committed_several_tokens():
+    out = [5, 1, 2, 3, 4, 6, 7, 8, 9]  # the official prefill committed 3, then steps of 2 and 4
+    assert stepwise.cut_trace([2, 4], out, 100, [99], first=3) == ([2, 4], False)
+    assert stepwise.cut_trace([2, 4], out, 6, [99], first=3) == ([2, 1], True)
+    assert stepwise.cut_trace([2, 4], out, 2, [99], first=3) == ([], True)  # the budget ends inside the prefill
+    assert stepwise.cut_trace([2, 4], out, 100, [1], first=3) == ([], True)  # so does an EOS
+
+
+def test_stepwise_rows_with_an_official_prefill_that_verified_drafts():
+    payload = stepwise_payload([2, 2, 1], [2, 1], [5, 1, 2, 3, 4, 6])
+    payload["blocks"][0]["official"][0]["prefill_emitted"] = 3  # 3 + 2 + 1 tokens in 3 forwards
+    (row,) = stepwise.compare(payload)
+    assert row.official_first == 3 and row.official == [2, 1] and row.official_equals_ar
+    assert row.first_difference == 0  # the prefill itself differs
+    (plain,) = stepwise.compare(stepwise_payload([3, 2], [3, 2], [5, 1, 2, 3, 4, 6]))
+    assert plain.official_first == 1 and plain.first_difference is None
+
+
+def pard_row(official_first: int, official: list[int], ours: list[int]) -> stepwise.Row:
+    same = (True, True, True)  # both = AR, the ARs agree
+    return stepwise.Row("k8", "humaneval", "p", 9, len(official), official, True, ours, *same, official_first)
+
+
+def test_pard_traces_meet_at_the_first_committed_count_both_start_a_step_from():
+    from specbench.parity.pard import committed_before, meeting, meeting_lines
+
+    assert committed_before(1, [2, 3, 1]) == [1, 3, 6]
+    # specbench: 1 -> 3 -> 6 -> 8; official prefill committed 3, then 3 -> 6 -> 8: they meet at specbench's step 2
+    assert meeting(pard_row(3, [3, 2, 1], [2, 3, 2, 1])) == (2, True)
+    assert meeting(pard_row(3, [3, 1, 2], [2, 3, 2, 1])) == (2, False)  # a rule (or a near-tie) differs after
+    assert meeting(pard_row(1, [2, 2], [2, 2])) == (1, True)
+    assert meeting(pard_row(2, [2, 2], [2, 2, 1])) == (None, False)  # odd against even counts: never
+    text = "\n".join(meeting_lines([pard_row(3, [3, 2, 1], [2, 3, 2, 1])]))
+    assert "| k8 | humaneval | p | 3 | 2 | yes |" in text and "Met: 1/1" in text
+
+
+def test_pard_cases_send_k_and_the_draft_folder_to_the_official_side(tmp_path):
+    from specbench.parity.pard import CASE_LABELS, cases_with
+
+    by_label = {case.label: case for case in cases_with(str(tmp_path))(None)}
+    assert tuple(by_label) == CASE_LABELS
+    assert by_label["k8"].official == {"draft_k": 8, "draft_dir": str(tmp_path)}
+    assert by_label["k4"].official["draft_k"] == 4
+    assert f"model.pard.path={tmp_path}" in by_label["k4"].overrides
+
+
+def test_pard_driver_names_a_missing_draft_before_any_model_loads(monkeypatch, tmp_path):
+    from specbench.parity import pard
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    with pytest.raises(SystemExit, match="python -m specbench.train pard model=smollm2_135m"):
+        pard.main(["--datasets", "humaneval=1"])
+
+
+def test_pard_target_stand_in_is_the_target_with_a_mask_token_written_once(monkeypatch, tmp_path):
+    import json
+    from types import SimpleNamespace
+
+    from specbench.parity.pard import cases_with, stand_in_dir, target_stand_in
+    from tests.conftest import tiny_model
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    saved: list = []
+    lm = SimpleNamespace(model=tiny_model(), tokenizer=SimpleNamespace(save_pretrained=saved.append))
+    folder = target_stand_in(lm)
+    assert folder == stand_in_dir() == tmp_path / "parity" / "pard-target"
+    config = json.loads((folder / "config.json").read_text())
+    assert config["pard_token"] == 97 and config["vocab_size"] == 98
+    assert lm.model.config.vocab_size == 97  # the target itself is untouched
+    target_stand_in(lm)
+    assert len(saved) == 1  # written once
+    case = cases_with("target")(None)[0]
+    assert case.official["draft_dir"] == str(folder) and f"model.pard.path={folder}" in case.overrides

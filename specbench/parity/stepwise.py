@@ -10,8 +10,10 @@ the raw records beside it (``.json``).
 The official script prints, per (case, prompt), the tokens each verify forward added (``emitted``,
 prefill excluded) and the tokens produced (``output_ids``: every token the official loop produced,
 including one it holds for its next step, so ``len(output_ids) == 1 + sum(emitted)``), plus its own
-AR output. Both traces are cut by specbench's stop rule (``cut_trace``: EOS kept, then the budget),
-so greedy methods with the same rules give the same list step for step.
+AR output. An official prefill that also verifies drafts (PARD's) reports the tokens it committed as
+``prefill_emitted`` (1 when absent), and ``len(output_ids) == prefill_emitted + sum(emitted)``. Both traces
+are cut by specbench's stop rule (``cut_trace``: EOS kept, then the budget), so greedy methods with the same
+rules give the same list step for step.
 """
 
 from __future__ import annotations
@@ -61,22 +63,26 @@ class Driver:
     counting: str  # markdown: what a step is and how each side's count is cut
     differences: str  # markdown: the rule differences found and what was done about them
     default_datasets: tuple[str, ...] = ("mt_bench=10", "humaneval=10")
+    extra: Callable[[list[Row]], list[str]] | None = None  # markdown after the per-prompt table
 
 
 # -- the traces -------------------------------------------------------------------------------------
 
 
-def cut_trace(emitted: Sequence[int], output_ids: Sequence[int], budget: int, eos_ids) -> tuple[list[int], bool]:
+def cut_trace(
+    emitted: Sequence[int], output_ids: Sequence[int], budget: int, eos_ids, first: int = 1
+) -> tuple[list[int], bool]:
     """Tokens per step that specbench's stop rule keeps of a trace, and whether that rule stopped it.
 
-    ``output_ids[0]`` is the prefill's token; step i adds the next ``emitted[i]`` tokens. Each step is cut
-    as the shared loop cuts its own (``clip_emitted``: EOS kept, then the remaining budget). False: the
-    trace ended (the official loop's own rule stopped it) before specbench's rule would have.
+    ``output_ids[:first]`` are the prefill's tokens (one, unless the official prefill verifies drafts too); step i
+    adds the next ``emitted[i]`` tokens. Each step is cut as the shared loop cuts its own (``clip_emitted``: EOS
+    kept, then the remaining budget). False: the trace ended (the official loop's own rule stopped it) before
+    specbench's rule would have.
     """
     eos = frozenset(eos_ids)
     kept: list[int] = []
-    _, stop = clip_emitted(list(output_ids[:1]), eos, budget)
-    produced = 1
+    head, stop = clip_emitted(list(output_ids[:first]), eos, budget)
+    produced = len(head)
     for count in emitted:
         if stop is not None:
             break
@@ -159,10 +165,12 @@ class Row:
     official_equals_ar: bool
     ours_equals_ar: bool
     ars_agree: bool
+    official_first: int = 1  # tokens the official prefill committed (specbench's: 1)
 
     @property
     def first_difference(self) -> int | None:
-        return first_difference(self.official, self.ours)
+        """The first step whose counts differ; 0 when the official prefill committed more than specbench's."""
+        return 0 if self.official_first != 1 else first_difference(self.official, self.ours)
 
     @property
     def new_tokens(self) -> int:
@@ -179,8 +187,10 @@ def compare(payload: dict) -> list[Row]:
         official = {(r["case"], r["id"]): r for r in block["official"]}
         for record in block["ours"]:
             off = official[record["case"], record["id"]]
-            kept, complete = cut_trace(off["emitted"], off["output_ids"], budget, eos)
-            off_out = off["output_ids"][: 1 + sum(kept)]
+            first = off.get("prefill_emitted", 1)
+            head = len(clip_emitted(off["output_ids"][:first], frozenset(eos), budget)[0])  # the prefill's, cut
+            kept, complete = cut_trace(off["emitted"], off["output_ids"], budget, eos, first)
+            off_out = off["output_ids"][: head + sum(kept)]
             rows.append(
                 Row(
                     record["case"],
@@ -194,6 +204,7 @@ def compare(payload: dict) -> list[Row]:
                     off_out == off_ar[record["id"]][: len(off_out)],
                     record["output_ids"] == ar[record["id"]],
                     off_ar[record["id"]] == ar[record["id"]],
+                    head,
                 )
             )
     return rows
@@ -244,7 +255,7 @@ def prompt_lines(rows: list[Row]) -> list[str]:
         lines.append(
             f"| {r.case} | {r.dataset} | {r.prompt} | {r.prompt_tokens} | {r.new_tokens} | {r.official_steps} | "
             f"{len(r.official)}{'' if r.cut_complete else ' (official stopped first)'} | {len(r.ours)} | "
-            f"{'–' if diff is None else diff} | {(1 + sum(r.official)) / max(len(r.official), 1):.2f} | "
+            f"{'–' if diff is None else diff} | {(r.official_first + sum(r.official)) / max(len(r.official), 1):.2f} | "
             f"{r.new_tokens / max(len(r.ours), 1):.2f} | {yes(r.official_equals_ar)} | {yes(r.ours_equals_ar)} | "
             f"{yes(r.ars_agree)} |"
         )
@@ -301,6 +312,7 @@ def write_table(path: Path, payload: dict, driver: Driver) -> None:
         "",
         *prompt_lines(rows),
         "",
+        *(driver.extra(rows) if driver.extra else []),
         "## Rule differences found",
         "",
         driver.differences.strip(),
@@ -344,11 +356,13 @@ def run(
     cases: Callable[[object], list[Case]],
     case_labels: Sequence[str],
     job_extra: Callable[[object], dict] = lambda lm: {},
+    shown_argv: list[str] | None = None,
 ) -> int:
     """Parse the options, run both sides on every (case, dataset, prompt), write the table and its JSON.
 
     ``cases(lm)`` builds the cases once the model is loaded (a case's official knobs may come from the
-    drafter specbench builds, e.g. its tree); ``job_extra(lm)`` adds method-wide fields to the job.
+    drafter specbench builds, e.g. its tree); ``job_extra(lm)`` adds method-wide fields to the job;
+    ``shown_argv``: the arguments the table's command shows (a driver's own options included; default ``argv``).
     """
     args = parse_args(driver, argv, case_labels)
     out = Path(args.out)
@@ -404,7 +418,7 @@ def run(
             )
     payload = {
         "command": f"python -m specbench.parity {driver.method} "
-        + shlex.join(argv if argv is not None else sys.argv[2:]),
+        + shlex.join(shown_argv if shown_argv is not None else argv if argv is not None else sys.argv[2:]),
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "wall_min": (time.perf_counter() - started) / 60,
         "max_new_tokens": args.max_new_tokens,

@@ -58,7 +58,7 @@ def test_the_suite_runs_one_length_per_session_against_its_own_ar():
     suite = load_suite("long_inputs")
     entries = expand_entries(suite)
     assert (
-        len(entries) == 8
+        len(entries) == 9
         and suite.baseline == "ar"
         and not any("input_tokens" in " ".join(e.overrides) for e in entries)
     )

@@ -25,7 +25,7 @@ import json
 import sys
 
 from medusa_official import StandInTokenizer  # the same stand-in: the EOS id the loop checks, no text
-from official_output import case_record, print_output
+from official_output import case_record, print_output, rope_from_v5
 
 PATCHES = {
     "config": "config: transformers 4.36 does not read the `rope_parameters` dict that the embedded checkpoint's "
@@ -51,12 +51,7 @@ def base_config(model_dir: str):
     """The checkpoint's LlamaConfig as transformers 4.36 reads it, with the rope theta of the 5.x file."""
     from transformers import LlamaConfig
 
-    config = LlamaConfig.from_pretrained(model_dir)
-    rope = getattr(config, "rope_parameters", None)
-    if isinstance(rope, dict):  # patch: the transformers-5 config keeps rope_theta in this dict
-        config.rope_theta = rope["rope_theta"]
-        config.rope_scaling = None
-    return config
+    return rope_from_v5(LlamaConfig.from_pretrained(model_dir))  # patch: rope_theta from the transformers-5 file
 
 
 def set_rope_base(theta: float) -> None:

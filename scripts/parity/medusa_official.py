@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import sys
 
-from official_output import case_record, greedy_references, print_output
+from official_output import case_record, greedy_references, print_output, rope_from_v5
 
 PATCHES = [
     "config: transformers 4.36 does not read the `rope_parameters` dict that the embedded checkpoint's "
@@ -68,11 +68,7 @@ def load_official(job: dict):
     from transformers import AutoConfig, PreTrainedModel
 
     medusa_model.AutoTokenizer = StandInTokenizer(job["eos_ids"][0])  # patch: the tokenizer
-    config = AutoConfig.from_pretrained(job["model_dir"])
-    rope = getattr(config, "rope_parameters", None)
-    if isinstance(rope, dict):  # patch: the transformers-5 config keeps rope_theta in this dict
-        config.rope_theta = rope["rope_theta"]
-        config.rope_scaling = None
+    config = rope_from_v5(AutoConfig.from_pretrained(job["model_dir"]))  # patch: rope_theta from the 5.x file
     with open(f"{job['heads_dir']}/config.json") as f:
         heads_config = json.load(f)
     config.medusa_num_heads = heads_config["medusa_num_heads"]

@@ -8,6 +8,17 @@ import platform
 import sys
 
 
+def rope_from_v5(config):
+    """``config`` with ``rope_theta`` taken from the ``rope_parameters`` dict a transformers-5 config.json holds (the
+    side envs' older transformers read only ``rope_theta`` and would run at 10000), rope scaling off; a config
+    without that dict is returned as it is."""
+    rope = getattr(config, "rope_parameters", None)
+    if isinstance(rope, dict):
+        config.rope_theta = rope["rope_theta"]
+        config.rope_scaling = None
+    return config
+
+
 def greedy_generate(model, ids: list[int], budget: int, eos_ids: list[int]):
     """One greedy ``generate`` call on one unpadded prompt: the sequence it returns (prompt included)."""
     import torch

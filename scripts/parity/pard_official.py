@@ -26,7 +26,7 @@ import sys
 import types
 
 from medusa_official import StandInTokenizer
-from official_output import greedy_references, print_output
+from official_output import greedy_references, print_output, rope_from_v5
 
 PATCHES = [
     "device and dtype: `torch.cuda.synchronize` (called by `speed_logger` at every phase) is a no-op on this "
@@ -63,12 +63,7 @@ def load_config(path: str):
     """A folder's config as transformers 4.51 reads it, with the rope theta of the 5.x file."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(path)
-    rope = getattr(config, "rope_parameters", None)
-    if isinstance(rope, dict):  # patch: the transformers-5 config keeps rope_theta in this dict
-        config.rope_theta = rope["rope_theta"]
-        config.rope_scaling = None
-    return config
+    return rope_from_v5(AutoConfig.from_pretrained(path))  # patch: rope_theta from the transformers-5 file
 
 
 class ConfiguredAuto:

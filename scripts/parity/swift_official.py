@@ -29,7 +29,7 @@ import sys
 import types
 
 from medusa_official import StandInTokenizer  # the EOS id the loop checks, no text
-from official_output import case_record, print_output
+from official_output import case_record, print_output, rope_from_v5
 
 PATCHES = [
     "imports: `evaluation_llama/inference_swift.py` imports fastchat (for `str_to_torch_dtype`, used only by its "
@@ -77,11 +77,7 @@ def base_config(model_dir: str):
     """The checkpoint's LlamaConfig as transformers 4.37 reads it, with the rope theta of the 5.x file."""
     from transformers import LlamaConfig
 
-    config = LlamaConfig.from_pretrained(model_dir)
-    rope = getattr(config, "rope_parameters", None)
-    if isinstance(rope, dict):  # patch: the transformers-5 config keeps rope_theta in this dict
-        config.rope_theta = rope["rope_theta"]
-        config.rope_scaling = None
+    config = rope_from_v5(LlamaConfig.from_pretrained(model_dir))  # patch: rope_theta from the transformers-5 file
     config.max_position_embeddings = 2048  # patch: the preallocated cache rows
     return config
 

@@ -148,16 +148,7 @@ def start_like_official(drafter) -> None:
 
 def compose(overrides: tuple[str, ...], dataset: str = "humaneval", max_new_tokens: int = 128):
     """The composed run config of ``method=self_draft`` under ``overrides`` (greedy)."""
-    from specbench.config import compose_config
-
-    return compose_config(
-        "model=smollm2_135m",
-        "method=self_draft",
-        f"dataset={dataset}",
-        "temperature=0",
-        f"max_new_tokens={max_new_tokens}",
-        *overrides,
-    )
+    return stepwise.greedy_config("self_draft", overrides, dataset, max_new_tokens)
 
 
 def cases(lm) -> list[Case]:

@@ -126,20 +126,26 @@ def finish_official(proc: subprocess.Popen) -> dict:
     return json.loads(Path(proc.args[-1]).with_suffix(".out").read_text())
 
 
-def run_ours(lm, method: str, case: Case, dataset: str, prompts, max_new_tokens: int) -> list[dict]:
-    """specbench through the runner's own path: composed config, ``build_engine``, greedy."""
+def greedy_config(method: str, overrides: tuple[str, ...], dataset: str = "humaneval", max_new_tokens: int = 128):
+    """The composed greedy run config of ``method`` on the embedded model under ``overrides``."""
     from specbench.config import compose_config
-    from specbench.core.acceptance import Sampling
-    from specbench.engines import build_engine
 
-    cfg = compose_config(
+    return compose_config(
         "model=smollm2_135m",
         f"method={method}",
         f"dataset={dataset}",
         "temperature=0",
         f"max_new_tokens={max_new_tokens}",
-        *case.overrides,
+        *overrides,
     )
+
+
+def run_ours(lm, method: str, case: Case, dataset: str, prompts, max_new_tokens: int) -> list[dict]:
+    """specbench through the runner's own path: composed config, ``build_engine``, greedy."""
+    from specbench.core.acceptance import Sampling
+    from specbench.engines import build_engine
+
+    cfg = greedy_config(method, case.overrides, dataset, max_new_tokens)
     engine = build_engine(cfg.method, lm, Sampling(0.0, 1.0), step_breakdown=False)
     return [
         timed_generation(engine, ids, max_new_tokens, None, case.label, case=case.label, id=sample_id)

@@ -109,16 +109,7 @@ OFFICIAL_START = frozenset({"official-draws"})
 
 def compose(overrides: tuple[str, ...], dataset: str = "humaneval", max_new_tokens: int = 64):
     """The composed run config of ``method=swift`` under ``overrides`` (greedy)."""
-    from specbench.config import compose_config
-
-    return compose_config(
-        "model=smollm2_135m",
-        "method=swift",
-        f"dataset={dataset}",
-        "temperature=0",
-        f"max_new_tokens={max_new_tokens}",
-        *overrides,
-    )
+    return stepwise.greedy_config("swift", overrides, dataset, max_new_tokens)
 
 
 def official_knobs(drafter) -> dict:

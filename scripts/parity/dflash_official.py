@@ -24,7 +24,7 @@ import json
 import sys
 import types
 
-from official_output import case_record, greedy_references, print_output, rope_from_v5
+from official_output import case_record, checkout_module, greedy_references, print_output, rope_from_v5
 
 PATCHES = [
     "device and dtype: `torch.cuda.synchronize` (called by `_cuda_time` for the timings `return_stats=True` adds) "
@@ -42,17 +42,6 @@ PATCHES = [
     "reads (the prompt, then each step's block: the root and the drafts). The AR reference is transformers 4.57's "
     "greedy `generate` on the same target",
 ]
-
-
-def import_official(source: str) -> types.ModuleType:
-    """``dflash.model`` from the checkout, with CUDA synchronisation a no-op."""
-    import torch
-
-    torch.cuda.synchronize = lambda *args, **kwargs: None  # patch: no CUDA here
-    sys.path.insert(0, source)
-    import dflash.model as official
-
-    return official
 
 
 def load_target(model_dir: str):
@@ -105,10 +94,7 @@ def trace(official: types.ModuleType, drafter, target, ids: list[int], case: dic
 def main(job_path: str) -> int:
     with open(job_path) as f:
         job = json.load(f)
-    import torch
-
-    torch.set_grad_enabled(False)
-    official = import_official(job["source"])
+    official = checkout_module(job["source"], "dflash.model")  # patch: CUDA synchronisation a no-op
     target = load_target(job["model_dir"])
     records = []
     for case in job["cases"]:

@@ -29,7 +29,7 @@ from official_output import case_record, checkout_module, greedy_references, pri
 PATCHES = [
     "device and dtype: `torch.cuda.synchronize` (called by `_cuda_time` for the timings `return_stats=True` adds) "
     "is a no-op on this CPU-only machine; the target and the drafter are loaded on CPU in float32 (the authors' "
-    "example: bfloat16 on CUDA), sdpa attention",
+    "benchmark, `dflash/benchmark.py`: bfloat16 on CUDA), sdpa attention",
     "config: transformers 4.57 does not read the `rope_parameters` dict that the embedded checkpoint's config.json "
     "(written by transformers 5) holds and would run at rope_theta=10000; the target is loaded with its config's "
     "rope_theta (and rope_scaling=None) set from it. The drafter's config.json (specbench's `save_draft`, the "

@@ -192,11 +192,11 @@ reproduce-build: install  ## only rebuild the SCALE's tables and figures from th
 # Parity with the official code (not part of `make test`): the official code runs in its own virtual env
 # (.venv-parity-<method>, torch from TORCH_SPEC + the pins it was written for; GitHub code checked out at a
 # pinned commit in .parity-src/<method>, SPECBENCH_PARITY_GIT=<mirror> to clone from elsewhere) on the
-# same token prompts. METHOD: lade | medusa | eagle | eagle2 | lookahead | opt_tree | self_draft | anpd | swift | pard. PARITY_ARGS: python -m specbench.parity METHOD --help
+# same token prompts. METHOD: lade | medusa | eagle | eagle2 | lookahead | opt_tree | self_draft | anpd | swift | pard | dflash. PARITY_ARGS: python -m specbench.parity METHOD --help
 METHOD ?= lade
 PARITY_ARGS ?=
 
-parity: install  ## official code vs specbench for METHOD (lade medusa eagle eagle2 lookahead opt_tree self_draft anpd swift pard) -> results/parity/METHOD.md; see docs/reproduction.md
+parity: install  ## official code vs specbench for METHOD (lade medusa eagle eagle2 lookahead opt_tree self_draft anpd swift pard dflash) -> results/parity/METHOD.md; see docs/reproduction.md
 	$(PY) -m specbench.parity setup $(METHOD)
 	$(PY) -m specbench.parity $(METHOD) $(PARITY_ARGS)
 

@@ -506,3 +506,108 @@ def test_pard_target_stand_in_is_the_target_with_a_mask_token_written_once(monke
     assert len(saved) == 1  # written once
     case = cases_with("target")(None)[0]
     assert case.official["draft_dir"] == str(folder) and f"model.pard.path={folder}" in case.overrides
+
+
+# ------------------------------------------------------------------------------ DFlash driver
+
+
+def test_dflash_drafts_agree_when_each_step_of_ours_starts_the_official_block():
+    from specbench.parity.dflash import first_draft_difference
+
+    official = [[5, 6, 7], [8, 9, 10], [11, 12, 13]]
+    assert first_draft_difference(official, [[5, 6, 7], [8, 9, 10], [11]]) is None  # the budget cut the last step
+    assert first_draft_difference(official, [[5, 6, 7], [8, 9, 10], []]) is None
+    assert first_draft_difference(official, [[5, 6, 7], [8, 4, 10]]) == 2
+    assert first_draft_difference(official, [[5, 6, 7, 8]]) == 1  # more drafts than the official block
+
+
+def test_dflash_draft_section_reads_both_sides_raw_records():
+    from specbench.parity.dflash import draft_lines
+
+    payload = stepwise_payload([3, 2], [3, 2, 4], [5, 1, 2, 3, 4, 6, 7, 8, 9, 10])
+    block = payload["blocks"][0]
+    block["official"][0]["drafts"] = [[1, 2, 9], [4, 7, 7], [8, 9, 9]]
+    block["ours"][0]["drafts"] = [[1, 2, 9], [4, 7]]
+    (row,) = stepwise.compare(payload)
+    assert row.official_record["drafts"] == [[1, 2, 9], [4, 7, 7], [8, 9, 9]] and row.ours_record["id"] == "p0"
+    text = "\n".join(draft_lines([row]))
+    assert "| tree | humaneval | p0 | 2 | 5 | – |" in text and "every step: 1/1 prompts" in text
+    block["ours"][0]["drafts"] = [[1, 2, 9], [4, 6]]
+    text = "\n".join(draft_lines(stepwise.compare(payload)))
+    assert "| tree | humaneval | p0 | 2 | 5 | 2 |" in text and "every step: 0/1 prompts" in text
+
+
+def test_dflash_watch_records_each_generations_drafts_apart():
+    from types import SimpleNamespace
+
+    from specbench.core.tree import DraftTree
+    from specbench.parity.dflash import watch_drafts
+
+    class Drafter:
+        def propose(self, ctx):
+            return DraftTree.chain(ctx, [ctx + 1, ctx + 2])
+
+    engine = SimpleNamespace(drafter=Drafter())
+    first = watch_drafts(engine)
+    engine.drafter.propose(5)
+    engine.drafter.propose(7)
+    second = watch_drafts(engine)  # the next prompt: a fresh list, the class's propose wrapped once
+    assert engine.drafter.propose(1).tokens == [1, 2, 3]
+    assert first() == {"drafts": [[6, 7], [8, 9]]} and second() == {"drafts": [[2, 3]]}
+
+
+def test_stepwise_run_ours_adds_what_a_cases_watch_gives_to_each_record(monkeypatch):
+    from types import SimpleNamespace
+
+    import specbench.engines
+
+    class Engine:
+        def generate(self, ids, max_new_tokens, generator):
+            return SimpleNamespace(target_forwards=2, accept_lengths=[1, 2], output_ids=[*ids, 0][:4])
+
+    monkeypatch.setattr(specbench.engines, "build_engine", lambda *args, **kwargs: Engine())
+    watched: list = []
+
+    def watch(engine):
+        watched.append(engine)
+        return lambda: {"prompt_number": len(watched)}
+
+    case = stepwise.Case("b5", ("method.drafter.block_size=5",), {}, watch)
+    records = stepwise.run_ours(None, "dflash", case, "humaneval", [("p0", [7]), ("p1", [8])], 4)
+    assert [r["prompt_number"] for r in records] == [1, 2] and records[1]["emitted"] == [1, 2]
+    plain = stepwise.run_ours(None, "dflash", stepwise.Case("b16", ()), "humaneval", [("p0", [7])], 4)
+    assert "prompt_number" not in plain[0] and plain[0]["id"] == "p0"
+
+
+def test_dflash_drafter_folder_is_the_trained_one_or_a_local_folder(monkeypatch, tmp_path):
+    from specbench.errors import ModelUnavailable
+    from specbench.parity.dflash import drafter_folder
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    with pytest.raises(ModelUnavailable, match="python -m specbench.train dflash model=smollm2_135m"):
+        drafter_folder({"source": "trained"}, "smollm2_135m")
+    (tmp_path / "config.json").write_text("{}")
+    assert drafter_folder({"source": "hub", "path": str(tmp_path)}, "m") == str(tmp_path)
+    with pytest.raises(SystemExit, match="from a folder"):
+        drafter_folder({"source": "hub", "path": "z-lab/Qwen3-4B-DFlash-b16"}, "m")  # a Hub id: no folder here
+    with pytest.raises(SystemExit, match="from a folder"):
+        drafter_folder({"source": "random", "seed": 0}, "m")
+
+
+def test_dflash_cases_send_the_composed_block_size_and_folder_to_the_official_side(monkeypatch, tmp_path):
+    from specbench.parity import dflash
+
+    monkeypatch.setattr(dflash, "drafter_folder", lambda node, target_name: f"{tmp_path}/{target_name}")
+    by_label = {case.label: case for case in dflash.cases(None)}
+    assert tuple(by_label) == dflash.CASE_LABELS
+    assert by_label["b16"].official == {"block_size": 16, "draft_dir": f"{tmp_path}/smollm2_135m"}
+    assert by_label["b5"].official["block_size"] == 5 and by_label["b5"].overrides == ("method.drafter.block_size=5",)
+    assert all(case.watch is dflash.watch_drafts for case in by_label.values())
+
+
+def test_dflash_driver_names_a_missing_drafter_before_any_model_loads(monkeypatch, tmp_path):
+    from specbench.parity import dflash
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    with pytest.raises(SystemExit, match="python -m specbench.train dflash model=smollm2_135m"):
+        dflash.main(["--datasets", "humaneval=1"])

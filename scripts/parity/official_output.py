@@ -3,9 +3,21 @@ driver reads. Imported by its siblings (they run as scripts, so this folder is o
 
 from __future__ import annotations
 
+import importlib
 import json
 import platform
 import sys
+import types
+
+
+def checkout_module(source: str, name: str) -> types.ModuleType:
+    """The module ``name`` of the official checkout ``source``, with ``torch.cuda.synchronize`` a no-op (the official
+    loops of PARD and DFlash time their phases with it; there is no CUDA here)."""
+    import torch
+
+    torch.cuda.synchronize = lambda *args, **kwargs: None  # patch: no CUDA here
+    sys.path.insert(0, source)
+    return importlib.import_module(name)
 
 
 def rope_from_v5(config):

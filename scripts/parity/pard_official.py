@@ -26,7 +26,7 @@ import sys
 import types
 
 from medusa_official import StandInTokenizer
-from official_output import greedy_references, print_output, rope_from_v5
+from official_output import checkout_module, greedy_references, print_output, rope_from_v5
 
 PATCHES = [
     "device and dtype: `torch.cuda.synchronize` (called by `speed_logger` at every phase) is a no-op on this "
@@ -49,12 +49,7 @@ PATCHES = [
 
 def import_official(source: str) -> types.ModuleType:
     """``pard.pard_infer`` from the checkout, with CUDA synchronisation a no-op and its stdout log sink removed."""
-    import torch
-
-    torch.cuda.synchronize = lambda *args, **kwargs: None  # patch: no CUDA here
-    sys.path.insert(0, source)
-    import pard.pard_infer as official
-
+    official = checkout_module(source, "pard.pard_infer")
     official.logger.remove()  # patch: stdout carries the JSON
     return official
 

@@ -8,7 +8,19 @@ from __future__ import annotations
 import importlib
 import sys
 
-METHODS = ("lade", "medusa", "opt_tree", "anpd", "lookahead", "eagle", "eagle2", "self_draft", "swift", "pard")
+METHODS = (
+    "lade",
+    "medusa",
+    "opt_tree",
+    "anpd",
+    "lookahead",
+    "eagle",
+    "eagle2",
+    "self_draft",
+    "swift",
+    "pard",
+    "dflash",
+)
 USAGE = f"usage: python -m specbench.parity [setup] {{{','.join(METHODS)}}} [options] (--help after the method)"
 
 

@@ -51,6 +51,8 @@ class Case:
     label: str
     overrides: tuple[str, ...]
     official: dict = field(default_factory=dict)
+    watch: Callable[[object], Callable[[], dict]] | None = None  # called with specbench's engine before each
+    # prompt; the function it returns gives fields to add to that prompt's record after the generation
 
 
 @dataclass(frozen=True)
@@ -147,10 +149,12 @@ def run_ours(lm, method: str, case: Case, dataset: str, prompts, max_new_tokens:
 
     cfg = greedy_config(method, case.overrides, dataset, max_new_tokens)
     engine = build_engine(cfg.method, lm, Sampling(0.0, 1.0), step_breakdown=False)
-    return [
-        timed_generation(engine, ids, max_new_tokens, None, case.label, case=case.label, id=sample_id)
-        for sample_id, ids in prompts
-    ]
+    records = []
+    for sample_id, ids in prompts:
+        watched = case.watch(engine) if case.watch else dict
+        record = timed_generation(engine, ids, max_new_tokens, None, case.label, case=case.label, id=sample_id)
+        records.append({**record, **watched()})
+    return records
 
 
 # -- the table --------------------------------------------------------------------------------------
@@ -172,6 +176,8 @@ class Row:
     ours_equals_ar: bool
     ars_agree: bool
     official_first: int = 1  # tokens the official prefill committed (specbench's: 1)
+    official_record: dict = field(default_factory=dict)  # the raw records compared (a driver's extra section)
+    ours_record: dict = field(default_factory=dict)
 
     @property
     def first_difference(self) -> int | None:
@@ -211,6 +217,8 @@ def compare(payload: dict) -> list[Row]:
                     record["output_ids"] == ar[record["id"]],
                     off_ar[record["id"]] == ar[record["id"]],
                     head,
+                    off,
+                    record,
                 )
             )
     return rows

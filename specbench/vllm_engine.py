@@ -32,8 +32,9 @@ from specbench.core.loop import Generation
 from specbench.environment import dtype_name
 from specbench.errors import ConfigError, ModelUnavailable
 from specbench.models.draft import draft_location
+from specbench.models.eagle3_heads import vllm_checkpoint as eagle3_checkpoint
 from specbench.models.loading import checkpoint_path
-from specbench.models.medusa_heads import vllm_checkpoint
+from specbench.models.medusa_heads import vllm_checkpoint as medusa_checkpoint
 from specbench.paths import workspace
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
@@ -58,8 +59,16 @@ def vllm_python(engine_cfg: DictConfig) -> Path:
 
 
 def vllm_methods() -> list[str]:
-    """The method configs that name a vLLM counterpart (a ``vllm`` node), sorted."""
-    return sorted(path.stem for path in (conf_dir() / "method").glob("*.yaml") if "vllm" in OmegaConf.load(path))
+    """The method configs that name a vLLM counterpart (a ``vllm`` node, their own or from a method they extend),
+    sorted."""
+    return sorted(path.stem for path in (conf_dir() / "method").glob("*.yaml") if has_counterpart(path.stem))
+
+
+def has_counterpart(method: str) -> bool:
+    """Whether the method config ``method`` has a ``vllm`` node or extends (``defaults``) a method config that has."""
+    raw = OmegaConf.load(conf_dir() / "method" / f"{method}.yaml")
+    bases = [entry for entry in raw.get("defaults", []) if isinstance(entry, str) and entry != "_self_"]
+    return "vllm" in raw or any(has_counterpart(base) for base in bases)
 
 
 def counterpart(method_cfg: DictConfig) -> DictConfig:
@@ -83,12 +92,17 @@ def differences(method_cfg: DictConfig) -> dict[str, tuple[Any, Any]]:
     }
 
 
+EAGLE3_KINDS = ("eagle3", "eagle3_1")
+"""Part kinds whose heads vLLM's ``eagle3`` speculation loads (an EAGLE-3.1 head is an EAGLE-3 head with norms)."""
+
+
 def speculative_config(method_cfg: DictConfig, model_cfg: DictConfig) -> tuple[dict | None, list[str]]:
     """vLLM's ``speculative_config`` for the method (None: no speculation, AR) and the parts it loads.
 
     A ``model`` entry is a model node of the part kind the counterpart's ``part`` names (default ``draft``): a draft
     (SpeDe's, PARD's) becomes its folder or Hub id, found as the shared loop finds it; Medusa heads are written once
-    in the layout vLLM loads (``medusa_heads.vllm_checkpoint``).
+    in the layout vLLM loads (``medusa_heads.vllm_checkpoint``), EAGLE-3 heads are in it already (random ones are
+    written once: ``eagle3_heads.vllm_checkpoint``).
     """
     node = counterpart(method_cfg).get("speculative_config")
     if node is None:
@@ -99,11 +113,14 @@ def speculative_config(method_cfg: DictConfig, model_cfg: DictConfig) -> tuple[d
     if not isinstance(node, dict):
         return spec, []
     target, kind = checkpoint_path(model_cfg), counterpart(method_cfg).get("part", "draft")
+    part_node, revision = OmegaConf.create(node), model_cfg.get("revision")
     if kind == "medusa":  # vLLM drafts one token per head: as many as the heads
-        location, part = vllm_checkpoint(OmegaConf.create(node), model_cfg.name, target, model_cfg.get("revision"))
+        location, part = medusa_checkpoint(part_node, model_cfg.name, target, revision)
         spec.setdefault("num_speculative_tokens", json.loads((Path(location) / "config.json").read_text())["num_heads"])
+    elif kind in EAGLE3_KINDS:
+        location, part = eagle3_checkpoint(part_node, model_cfg.name, target, revision, kind)
     else:
-        location, part = draft_location(OmegaConf.create(node), model_cfg.name, target, kind)
+        location, part = draft_location(part_node, model_cfg.name, target, kind)
     spec["model"] = location
     return spec, [part]
 

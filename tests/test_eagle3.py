@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -466,3 +467,39 @@ def test_head_config_follows_the_target():
     head = Eagle3Head(config_for_target(tiny))
     assert head.fc.in_features == 3 * 64 and head.midlayer.self_attn.q_proj.in_features == 128
     assert not head.reduced and "d2t" not in head.checkpoint_state()
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "eagle3_1"])
+def test_a_random_head_is_written_once_for_vllm_as_the_loop_draws_it(kind, embedded, training_cache):
+    """engine=vllm with a random head: the folder vLLM loads holds the head the shared loop draws from the same node
+    (weights, reduced vocabulary, EAGLE-3.1's norms), the fused layers under vLLM's key, the part named as the loop
+    names it; a second call reuses the folder."""
+    from specbench.models.eagle3_heads import published_head, vllm_checkpoint
+    from specbench.models.embedded import embedded_checkpoint
+
+    norms = dict.fromkeys(EAGLE3_1, True) if kind == "eagle3_1" else {}
+    node = OmegaConf.create({"source": "random", "seed": 3, "draft_vocab": 500, **norms})
+    folder, part = vllm_checkpoint(node, "smollm2_135m", str(embedded_checkpoint()), None, kind)
+    assert folder.startswith(str(training_cache / "vllm" / kind)) and part == f"{kind}:random(seed=3)"
+    config = json.loads((Path(folder) / "config.json").read_text())
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27] and config["draft_vocab_size"] == 500
+    assert all(config.get(key) is True for key in norms)
+    loop = load_eagle3(node, embedded.model, "smollm2_135m", kind).head
+    written, _ = published_head(folder, None, embedded.model)
+    assert written.state_dict().keys() == loop.state_dict().keys()
+    for key, value in loop.state_dict().items():
+        torch.testing.assert_close(written.state_dict()[key], value)
+    stamp = Path(folder, "model.safetensors").stat().st_mtime_ns
+    assert vllm_checkpoint(node, "smollm2_135m", str(embedded_checkpoint()), None, kind) == (folder, part)
+    assert Path(folder, "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_published_and_trained_heads_go_to_vllm_as_they_are(training_cache):
+    """A Hub id or folder is passed on untouched; a trained head is its cache folder, named as the loop names it;
+    an untrained one says how to train it."""
+    from specbench.models.eagle3_heads import vllm_checkpoint
+
+    hub = OmegaConf.create({"source": "hub", "path": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"})
+    assert vllm_checkpoint(hub, "m", "target", None, "eagle3") == (hub.path, f"eagle3:{hub.path}")
+    with pytest.raises(ModelUnavailable, match="python -m specbench.train eagle3_1 model=m"):
+        vllm_checkpoint(OmegaConf.create({"source": "trained"}), "m", "target", None, "eagle3_1")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from specbench.config import compose_config
-from specbench.errors import ConfigError
+from specbench.errors import ConfigError, ModelUnavailable
 from specbench.metrics import aggregate, machine_seconds
 from specbench.runner import config_digest, validate
 from specbench.vllm_engine import (
@@ -147,6 +147,21 @@ def test_spede_runs_its_own_draft_in_vllm():
     assert parts == ["draft:target"]
 
 
+@pytest.mark.parametrize("method", ["eagle3", "eagle3_1"])
+def test_eagle3_heads_go_to_vllms_eagle3_as_a_chain_of_depth_plus_one(method, training_cache):
+    """EAGLE-3 and EAGLE-3.1 both run vLLM's eagle3 with their own head (each its model node), depth + 1 drafts;
+    the loop's tree is named as the difference until it is a chain (top_k = 1)."""
+    overrides = ("engine=vllm", f"method={method}", "method.drafter.depth=3", "model=smollm2_135m")
+    with pytest.raises(ModelUnavailable, match=f"python -m specbench.train {method} model=smollm2_135m"):
+        engine_args(compose_config(*overrides), 2048)  # the trained head: not in this empty cache
+    folder = "some/eagle3-head"
+    cfg = compose_config(*overrides, f"model.{method}.source=hub", f"model.{method}.path={folder}")
+    args, parts = engine_args(cfg, 2048)
+    assert args["speculative_config"] == {"method": "eagle3", "model": folder, "num_speculative_tokens": 4}
+    assert parts == [f"{method}:{folder}"]
+    assert differences(cfg.method) == {"drafter.top_k": (10, 1)}
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -156,7 +171,7 @@ def test_spede_runs_its_own_draft_in_vllm():
         (["engine=vllm", "method=pld", "budget=auto"], "budget=auto calibrates on the shared loop"),
         (
             ["engine=vllm", "method=lade"],
-            "has no vLLM counterpart; engine=vllm runs the methods ['ar', 'dflash', 'medusa', 'pard', 'pld'",
+            "has no vLLM counterpart; engine=vllm runs the methods ['ar', 'dflash', 'eagle3', 'eagle3_1', 'medusa'",
         ),
         (["engine=vllm", "model=tiny_llama"], "the tiny random model exists only in memory"),
         (["concurrency=4"], "concurrency=4: the number of requests kept in flight against vLLM's server"),

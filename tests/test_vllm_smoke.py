@@ -1,8 +1,8 @@
 """engine=vllm with vLLM itself (the environment `make engine-vllm` builds; `make test` builds it first): every
 method vLLM runs, on the embedded model in float32, 4 HumanEval prompts x 32 tokens, at batch 1 and 4: outputs equal
 to the shared loop's AR token for token, records that add up, and the steps of PLD, Medusa (random heads, written in
-vLLM's layout) and PARD (the target as its own parallel draft, one of its ids as the mask token) equal to the shared
-loop's."""
+vLLM's layout), PARD (the target as its own parallel draft, one of its ids as the mask token) and EAGLE-3 (a head
+that exits early from the target's layer L - 3) equal to the shared loop's."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ import torch
 from specbench.config import compose_config
 from specbench.core.acceptance import Sampling
 from specbench.data.base import build_dataset
+from specbench.models.eagle3_heads import Eagle3Head, fused_layers, write_head
+from specbench.models.eagle_heads import config_for_target
 from specbench.models.loading import describe_target, embedded_checkpoint
 from specbench.models.pard import MASK_CONFIG_KEY
 from specbench.runner import Runner
@@ -37,10 +39,11 @@ METHODS = {  # each method as vLLM runs it (its `same_when`), so the shared loop
     "spede": ("method.drafter.schedule=constant", "model.draft.source=target"),
     "medusa": ("method.drafter.tree.kind=chain", "model.medusa.source=random", "+model.medusa.num_heads=3"),
     "pard": ("method.drafter.num_draft_tokens=3",),  # and model.pard.path: the folder pard_draft writes
+    "eagle3": ("method.drafter.top_k=1", "method.drafter.depth=2", "model.eagle3.source=hub"),  # + the exit head
 }
-SAME_STEPS = ("pld", "medusa", "pard")
+SAME_STEPS = ("pld", "medusa", "pard", "eagle3")
 """The methods whose loop run drafts exactly what vLLM drafts (PLD's cut copies; each Medusa head's top-1 token;
-PARD's row argmaxes)."""
+PARD's row argmaxes; the EAGLE-3 head's chain of top-1 tokens)."""
 PARD_MASK = 0
 """The mask token of the stand-in PARD draft (the target itself): an id that its answers do not use."""
 
@@ -55,9 +58,35 @@ def pard_draft(tmp_path_factory) -> Path:
     return folder
 
 
-def method_settings(method: str, pard_draft: Path | None) -> tuple[str, ...]:
-    """``method`` as vLLM runs it, with the stand-in PARD draft for PARD."""
-    return (*METHODS[method], *((f"model.pard.path={pard_draft}",) if method == "pard" else ()))
+@pytest.fixture(scope="module")
+def exit_head(tmp_path_factory, embedded) -> Path:
+    """The stand-in EAGLE-3 head both engines load: it passes the target's state entering layer L - 3 (the last
+    fused layer) through unchanged (attention and MLP outputs zeroed) to the target's own norm and LM head, an
+    early exit that predicts the next token often enough for the steps to compare (a random head accepts ~nothing)."""
+    target = embedded.model
+    torch.manual_seed(0)
+    head = Eagle3Head(config_for_target(target), None, target.get_input_embeddings())
+    hidden = target.config.hidden_size
+    with torch.no_grad():
+        head.fc.weight.zero_()[:, 2 * hidden :] = torch.eye(hidden)  # g_t = the high fused state
+        head.midlayer.self_attn.o_proj.weight.zero_()
+        head.midlayer.mlp.down_proj.weight.zero_()
+        head.norm.weight.copy_(target.model.norm.weight)
+        head.lm_head.weight.copy_(target.get_output_embeddings().weight)
+    folder = tmp_path_factory.mktemp("eagle3-head") / "head"
+    write_head(head, folder, str(embedded_checkpoint()), fused_layers(target.config.num_hidden_layers))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def part_folders(pard_draft, exit_head) -> dict[str, str]:
+    """The folder setting of each method whose stand-in part is written here."""
+    return {"pard": f"model.pard.path={pard_draft}", "eagle3": f"model.eagle3.path={exit_head}"}
+
+
+def method_settings(method: str, part_folders: dict[str, str]) -> tuple[str, ...]:
+    """``method`` as vLLM runs it, with its stand-in part's folder."""
+    return (*METHODS[method], *((part_folders[method],) if method in part_folders else ()))
 
 
 @pytest.fixture(scope="module")
@@ -66,18 +95,18 @@ def environment():
     return vllm_python(compose_config("engine=vllm").engine)
 
 
-def loop_records(tmp_path_factory, method: str, pard_draft: Path | None = None) -> list[dict]:
+def loop_records(tmp_path_factory, method: str, part_folders: dict[str, str]) -> list[dict]:
     """The shared loop's records of ``method`` (as vLLM runs it) on the smoke prompts."""
     out = tmp_path_factory.mktemp(f"loop-{method}")
     Runner(
-        compose_config(*SETTINGS, f"method={method}", *method_settings(method, pard_draft), f"output_dir={out}")
+        compose_config(*SETTINGS, f"method={method}", *method_settings(method, part_folders), f"output_dir={out}")
     ).run()
     return [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
 def loop_ar(tmp_path_factory):
-    return loop_records(tmp_path_factory, "ar")
+    return loop_records(tmp_path_factory, "ar", {})
 
 
 @pytest.fixture(scope="module")
@@ -89,9 +118,9 @@ def prompts():
     return [dataset.prompt_ids(tokenizer, sample, []) for sample in dataset.samples(PROMPTS)]
 
 
-def served(method: str, pard_draft: Path | None = None) -> VLLMEngine:
+def served(method: str, part_folders: dict[str, str]) -> VLLMEngine:
     """vLLM started with ``method``'s counterpart."""
-    cfg = compose_config(*SETTINGS, "engine=vllm", f"method={method}", *method_settings(method, pard_draft))
+    cfg = compose_config(*SETTINGS, "engine=vllm", f"method={method}", *method_settings(method, part_folders))
     target = describe_target(cfg.model)
     return start_vllm(cfg, Sampling(0.0, 1.0), target.eos_ids, target.context_length)
 
@@ -106,10 +135,10 @@ def check_adds_up(gen, method: str) -> None:
 
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_vllm_equals_the_shared_loops_ar_at_batch_1_and_4(
-    method, environment, loop_ar, prompts, pard_draft, tmp_path_factory
+    method, environment, loop_ar, prompts, part_folders, tmp_path_factory
 ):
     """Greedy in float32, every output of every method in vLLM equals the shared loop's AR, alone and batched."""
-    engine = served(method, pard_draft)
+    engine = served(method, part_folders)
     try:
         generator = torch.Generator()
         batched = engine.generate_batch(prompts, TOKENS, [generator] * len(prompts))
@@ -121,7 +150,7 @@ def test_vllm_equals_the_shared_loops_ar_at_batch_1_and_4(
         for gen in gens:
             check_adds_up(gen, method)
     if method in SAME_STEPS:  # the same algorithm as the loop's: the same steps
-        loop = loop_records(tmp_path_factory, method, pard_draft)
+        loop = loop_records(tmp_path_factory, method, part_folders)
         assert [gen.accept_lengths for gen in alone] == [record["accept_lengths"] for record in loop]
         assert [gen.accept_lengths for gen in batched] == [record["accept_lengths"] for record in loop]
 

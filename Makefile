@@ -114,7 +114,7 @@ bench-quality: install train-medusa  ## at T=0.7: AR, lossy and lossless Medusa,
 bench-engines: install engine-vllm train-draft  ## AR, PLD, SuffixDecoding, SpeDe in vLLM at batch sizes 1-16 (speedup over vLLM's AR at each)
 	$(PY) -m specbench.bench engines
 
-bench-crosscheck: install engine-vllm train-draft train-medusa  ## AR, PLD, SuffixDecoding, SpeDe, Medusa in specbench's loop and in vLLM, HumanEval then MT-Bench; then the cross-check view
+bench-crosscheck: install engine-vllm train-draft train-medusa train-eagle3  ## AR, PLD, SuffixDecoding, SpeDe, Medusa, EAGLE-3 in specbench's loop and in vLLM, HumanEval then MT-Bench; then the cross-check view
 	$(PY) -m specbench.bench crosscheck
 	$(PY) -m specbench.report $$(ls -d results/bench/crosscheck/*/ | tail -1) --merge-repeats --view crosscheck
 	$(PY) -m specbench.bench crosscheck --dataset mt_bench --limit 10

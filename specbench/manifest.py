@@ -140,17 +140,23 @@ def part_name(kind: str, folder: Path | str, manifest: dict | None) -> str:
     return f"{kind}:{manifest['weights_digest']}" if manifest else f"{kind}:{folder}"
 
 
+def write_checkpoint(folder: Path, weight_file: str, state: dict, config_file: str, config: dict) -> None:
+    """Write a part's weights (safetensors) and its config into ``folder``: a trained part's files, or a random
+    part's that an engine loading from files (vLLM) reads."""
+    from safetensors.torch import save_file
+
+    save_file({key: value.detach().contiguous().cpu() for key, value in state.items()}, str(folder / weight_file))
+    (folder / config_file).write_text(json.dumps(config, indent=2) + "\n")
+
+
 def save_trained_heads(
     folder: Path, kind: str, weight_file: str, state: dict, config_file: str, config: dict, training: dict
 ) -> None:
     """Write a trained head part into ``folder`` atomically (replacing what was there): the weights
     (safetensors), its config, the training record and, last, the manifest (``training`` holds ``digest``,
     ``data``, ``result`` and ``accuracy``)."""
-    from safetensors.torch import save_file
-
     with atomic_dir(folder) as staging:
-        save_file({key: value.detach().contiguous().cpu() for key, value in state.items()}, str(staging / weight_file))
-        (staging / config_file).write_text(json.dumps(config, indent=2) + "\n")
+        write_checkpoint(staging, weight_file, state, config_file, config)
         (staging / TRAINING_FILE).write_text(json.dumps(training, indent=2) + "\n")
         result = training["result"]
         write_manifest(

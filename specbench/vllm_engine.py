@@ -31,6 +31,7 @@ from specbench.core.acceptance import Sampling
 from specbench.core.loop import Generation
 from specbench.environment import dtype_name
 from specbench.errors import ConfigError, ModelUnavailable
+from specbench.models.dflash import vllm_checkpoint as dflash_checkpoint
 from specbench.models.draft import draft_location
 from specbench.models.eagle3_heads import vllm_checkpoint as eagle3_checkpoint
 from specbench.models.loading import checkpoint_path
@@ -102,7 +103,7 @@ def speculative_config(method_cfg: DictConfig, model_cfg: DictConfig) -> tuple[d
     A ``model`` entry is a model node of the part kind the counterpart's ``part`` names (default ``draft``): a draft
     (SpeDe's, PARD's) becomes its folder or Hub id, found as the shared loop finds it; Medusa heads are written once
     in the layout vLLM loads (``medusa_heads.vllm_checkpoint``), EAGLE-3 heads are in it already (random ones are
-    written once: ``eagle3_heads.vllm_checkpoint``).
+    written once: ``eagle3_heads.vllm_checkpoint``), and so are DFlash drafters (``dflash.vllm_checkpoint``).
     """
     node = counterpart(method_cfg).get("speculative_config")
     if node is None:
@@ -119,6 +120,8 @@ def speculative_config(method_cfg: DictConfig, model_cfg: DictConfig) -> tuple[d
         spec.setdefault("num_speculative_tokens", json.loads((Path(location) / "config.json").read_text())["num_heads"])
     elif kind in EAGLE3_KINDS:
         location, part = eagle3_checkpoint(part_node, model_cfg.name, target, revision, kind)
+    elif kind == "dflash":
+        location, part = dflash_checkpoint(part_node, model_cfg.name, target, revision)
     else:
         location, part = draft_location(part_node, model_cfg.name, target, kind)
     spec["model"] = location

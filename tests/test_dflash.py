@@ -257,3 +257,29 @@ def test_greedy_equals_ar_embedded(embedded, shared_data, tmp_path):
         drafter.setup(model, tok)
         assert decode(model, drafter, prompt, 32, eos=embedded.eos_ids).output_ids == truth
         assert drafter.stats()["draft_forwards"] >= 1
+
+
+def test_a_random_drafter_is_written_once_for_vllm_as_the_loop_draws_it(embedded, training_cache):
+    """engine=vllm with a random drafter: the folder vLLM loads holds the drafter the shared loop draws from the same
+    node (the authors' layout, read back strictly), named as a random part; a second call reuses the folder; a
+    published one goes as it is."""
+    from pathlib import Path
+
+    from specbench.models.dflash import published_draft, vllm_checkpoint
+    from specbench.models.embedded import embedded_checkpoint
+
+    node = OmegaConf.create({"source": "random", "seed": 2, "block_size": 6, "mask_token": 5})
+    folder, part = vllm_checkpoint(node, "smollm2_135m", str(embedded_checkpoint()), None)
+    assert folder.startswith(str(training_cache / "vllm" / "dflash")) and part == "dflash:random(seed=2)"
+    config = json.loads((Path(folder) / "config.json").read_text())
+    assert config["block_size"] == 6 and config["dflash_config"]["mask_token_id"] == 5
+    loop = load_dflash(node, embedded.model, "smollm2_135m").draft
+    written, _ = published_draft(folder, None, embedded.model)
+    assert written.target_layer_ids == loop.target_layer_ids
+    for key, value in loop.checkpoint_state().items():
+        torch.testing.assert_close(written.checkpoint_state()[key], value)
+    stamp = Path(folder, "model.safetensors").stat().st_mtime_ns
+    assert vllm_checkpoint(node, "smollm2_135m", str(embedded_checkpoint()), None) == (folder, part)
+    assert Path(folder, "model.safetensors").stat().st_mtime_ns == stamp
+    hub = OmegaConf.create({"source": "hub", "path": "z-lab/some-drafter"})
+    assert vllm_checkpoint(hub, "smollm2_135m", "target", None) == (hub.path, f"dflash:{hub.path}")

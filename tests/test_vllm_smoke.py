@@ -1,8 +1,9 @@
 """engine=vllm with vLLM itself (the environment `make engine-vllm` builds; `make test` builds it first): every
 method vLLM runs, on the embedded model in float32, 4 HumanEval prompts x 32 tokens, at batch 1 and 4: outputs equal
 to the shared loop's AR token for token, records that add up, and the steps of PLD, Medusa (random heads, written in
-vLLM's layout), PARD (the target as its own parallel draft, one of its ids as the mask token) and EAGLE-3 (a head
-that exits early from the target's layer L - 3) equal to the shared loop's."""
+vLLM's layout), PARD (the target as its own parallel draft, one of its ids as the mask token), EAGLE-3 (a head
+that exits early from the target's layer L - 3) and DFlash (a random drafter, written once for vLLM) equal to the
+shared loop's."""
 
 from __future__ import annotations
 
@@ -40,10 +41,11 @@ METHODS = {  # each method as vLLM runs it (its `same_when`), so the shared loop
     "medusa": ("method.drafter.tree.kind=chain", "model.medusa.source=random", "+model.medusa.num_heads=3"),
     "pard": ("method.drafter.num_draft_tokens=3",),  # and model.pard.path: the folder pard_draft writes
     "eagle3": ("method.drafter.top_k=1", "method.drafter.depth=2", "model.eagle3.source=hub"),  # + the exit head
+    "dflash": ("method.drafter.block_size=4", "model.dflash.source=random"),  # written once for vLLM
 }
-SAME_STEPS = ("pld", "medusa", "pard", "eagle3")
+SAME_STEPS = ("pld", "medusa", "pard", "eagle3", "dflash")
 """The methods whose loop run drafts exactly what vLLM drafts (PLD's cut copies; each Medusa head's top-1 token;
-PARD's row argmaxes; the EAGLE-3 head's chain of top-1 tokens)."""
+PARD's row argmaxes; the EAGLE-3 head's chain of top-1 tokens; DFlash's block row argmaxes)."""
 PARD_MASK = 0
 """The mask token of the stand-in PARD draft (the target itself): an id that its answers do not use."""
 
@@ -73,7 +75,7 @@ def exit_head(tmp_path_factory, embedded) -> Path:
         head.midlayer.mlp.down_proj.weight.zero_()
         head.norm.weight.copy_(target.model.norm.weight)
         head.lm_head.weight.copy_(target.get_output_embeddings().weight)
-    folder = tmp_path_factory.mktemp("eagle3-head") / "head"
+    folder = tmp_path_factory.mktemp("eagle3-head")
     write_head(head, folder, str(embedded_checkpoint()), fused_layers(target.config.num_hidden_layers))
     return folder
 

@@ -43,7 +43,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
 
 from specbench.errors import ConfigError
-from specbench.manifest import TRAINING_FILE, part_name, save_trained_heads
+from specbench.manifest import TRAINING_FILE, part_name, save_trained_heads, write_checkpoint
 from specbench.models.eagle_heads import (
     IGNORED_SUFFIXES,
     WEIGHT_FILES,
@@ -52,7 +52,7 @@ from specbench.models.eagle_heads import (
     config_for_target,
     decoder_keys,
 )
-from specbench.models.medusa_heads import CheckpointFiles, cached_then_hub, head_source, read_tensors
+from specbench.models.medusa_heads import CheckpointFiles, cached_then_hub, head_source, part_files, read_tensors
 from specbench.models.parts import part_kind
 
 if TYPE_CHECKING:
@@ -394,3 +394,16 @@ def save_draft(draft: DFlashDraft, folder: Path, base_model: str, num_target_lay
     save_trained_heads(
         folder, "DFlash drafter", WEIGHT_FILES[0], draft.checkpoint_state(), CONFIG_FILE, config, training
     )
+
+
+def vllm_checkpoint(node, target_name: str, target_path: str, revision: str | None) -> tuple[str, str]:
+    """The drafter a ``dflash:`` node names as a folder or Hub id vLLM's ``dflash`` speculation loads, and how runs
+    name it. The authors' layout is the one vLLM reads, so a published or trained drafter goes as it is; a random
+    one is written once, drawn from the node as the shared loop draws it."""
+
+    def write_random(target: PreTrainedModel, folder: Path) -> None:
+        draft = random_draft(target, node)
+        config = config_json(draft, target_path, target.config.num_hidden_layers)
+        write_checkpoint(folder, WEIGHT_FILES[0], draft.checkpoint_state(), CONFIG_FILE, config)
+
+    return part_files(node, "dflash", target_name, target_path, revision, write_random)

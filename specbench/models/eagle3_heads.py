@@ -32,7 +32,6 @@ target's input embeddings are used, shared). Keys are checked strictly.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -43,8 +42,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from specbench.errors import ConfigError
-from specbench.files import atomic_dir
-from specbench.manifest import digest, part_name, save_trained_heads
+from specbench.manifest import part_name, save_trained_heads, write_checkpoint
 from specbench.models.eagle_heads import (
     CONFIG_FILE,
     IGNORED_SUFFIXES,
@@ -57,10 +55,9 @@ from specbench.models.eagle_heads import (
     read_checkpoint,
     trained_accuracy,
 )
-from specbench.models.medusa_heads import CheckpointFiles, cached_then_hub, head_source
+from specbench.models.medusa_heads import CheckpointFiles, cached_then_hub, head_source, part_files
 from specbench.models.parts import part_kind
 from specbench.models.vocab import place_in_vocab
-from specbench.paths import cache_root
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -355,35 +352,18 @@ def save_head(head: Eagle3Head, folder: Path, base_model: str, layers: tuple[int
 def vllm_checkpoint(node, target_name: str, target_path: str, revision: str | None, kind: str) -> tuple[str, str]:
     """The head an ``eagle3:`` (``kind``: or ``eagle3_1:``) node names as a folder or Hub id vLLM's ``eagle3``
     speculation loads, and how runs name it. The published layout is the one vLLM reads, so a published or trained
-    head goes as it is; a random head is written once under ``$SPECBENCH_CACHE/vllm/<kind>/``, drawn from the seed
-    the shared loop draws it from."""
-    source = head_source(node, kind, target_name)
-    if source == "hub":
-        return str(node["path"]), f"{kind}:{node['path']}"
-    if source == "trained":
-        folder, manifest = part_kind(kind).built(target_name)
-        return str(folder), part_name(kind, folder, manifest)
-    settings = {key: node.get(key) for key in node}  # the random head's seed, draft vocabulary and norms
-    folder = cache_root() / "vllm" / kind / digest({"node": settings, "target": target_path, "revision": revision})
-    if not (folder / WEIGHT_FILES[0]).is_file():
-        write_random_head(node, target_name, target_path, revision, kind, folder)
-    return str(folder), f"{kind}:random(seed={int(node.get('seed', 0))})"
+    head goes as it is; a random head is written once, drawn from the node as the shared loop draws it."""
 
+    def write_random(target: PreTrainedModel, folder: Path) -> None:
+        loaded = load_eagle3(node, target, target_name, kind)
+        write_head(loaded.head, folder, target_path, loaded.layers)
 
-def write_random_head(node, target_name: str, target_path: str, revision: str | None, kind: str, folder: Path) -> None:
-    """Write the seeded random head a ``random`` node names (the target loaded for its shapes and embeddings)."""
-    from transformers import AutoModelForCausalLM
-
-    target = AutoModelForCausalLM.from_pretrained(target_path, revision=revision, dtype=torch.float32)
-    loaded = load_eagle3(node, target, target_name, kind)
-    write_head(loaded.head, folder, target_path, loaded.layers)
+    return part_files(node, kind, target_name, target_path, revision, write_random)
 
 
 def write_head(head: Eagle3Head, folder: Path, base_model: str, layers: tuple[int, ...]) -> None:
-    """Write ``head`` into ``folder`` in the published layout (``model.safetensors`` and ``config.json``), atomically;
-    no training record (``save_head`` writes a trained head's)."""
-    from safetensors.torch import save_file
-
-    with atomic_dir(folder) as staging:
-        save_file(dict(head.checkpoint_state()), str(staging / WEIGHT_FILES[0]))
-        (staging / CONFIG_FILE).write_text(json.dumps(config_json(head, base_model, layers), indent=2) + "\n")
+    """Write ``head`` into ``folder`` in the published layout (``model.safetensors`` and ``config.json``); no
+    training record (``save_head`` writes a trained head's)."""
+    write_checkpoint(
+        folder, WEIGHT_FILES[0], head.checkpoint_state(), CONFIG_FILE, config_json(head, base_model, layers)
+    )

@@ -29,13 +29,18 @@ import torch
 from torch import nn
 
 from specbench.errors import ConfigError, ModelUnavailable
+from specbench.files import atomic_dir
 from specbench.hub import hub_reachable
-from specbench.manifest import TRAINING_FILE, part_name, save_trained_heads
+from specbench.manifest import TRAINING_FILE, digest, part_name, save_trained_heads
 from specbench.models.parts import part_kind
 from specbench.models.vocab import ReducedHead
+from specbench.paths import cache_root
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+    RandomWriter = Callable[[PreTrainedModel, Path], None]
+    """Writes a random part, drawn for the target given, into the folder given."""
 
 SOURCES = ("hub", "trained", "random")
 WEIGHT_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
@@ -321,6 +326,30 @@ def head_source(node, key: str, target_name: str) -> str:
     return str(source)
 
 
+def part_files(
+    node, kind: str, target_name: str, target_path: str, revision: str | None, write_random: RandomWriter
+) -> tuple[str, str]:
+    """Where an engine that loads parts from files (vLLM) finds the part a ``kind:`` model node names, and how runs
+    name it (as the shared loop's loader does): a published part's Hub id or folder, a trained part's cache folder;
+    a random part is written once under ``$SPECBENCH_CACHE/vllm/<kind>/`` by ``write_random(target, folder)``, drawn
+    from the node as the loop draws it."""
+    source = head_source(node, kind, target_name)
+    if source == "hub":
+        return str(node["path"]), f"{kind}:{node['path']}"
+    if source == "trained":
+        folder, manifest = part_kind(kind).built(target_name)
+        return str(folder), part_name(kind, folder, manifest)
+    settings = {str(key): node.get(key) for key in node}  # the random part's seed and shape
+    folder = cache_root() / "vllm" / kind / digest({"node": settings, "target": target_path, "revision": revision})
+    if not folder.is_dir():  # written atomically: a folder that exists is complete
+        from transformers import AutoModelForCausalLM
+
+        target = AutoModelForCausalLM.from_pretrained(target_path, revision=revision, dtype=torch.float32)
+        with atomic_dir(folder) as staging:
+            write_random(target, staging)
+    return str(folder), f"{kind}:random(seed={int(node.get('seed', 0))})"
+
+
 def load_heads(node, target: PreTrainedModel, target_name: str) -> LoadedHeads:
     """The heads a ``conf/model/*.yaml`` ``medusa:`` node names, bound to ``target``."""
     source = head_source(node, "medusa", target_name)
@@ -402,10 +431,6 @@ def vllm_checkpoint(node, target_name: str, target_path: str, revision: str | No
     how runs name them. vLLM drafts the top-1 token of each head: a chain."""
     from safetensors.torch import save_file
     from transformers import AutoConfig
-
-    from specbench.files import atomic_dir
-    from specbench.manifest import digest
-    from specbench.paths import cache_root
 
     target = AutoConfig.from_pretrained(target_path, revision=revision)
     state, part = node_state(node, target_name, target.hidden_size)

@@ -111,8 +111,9 @@ bench-quality: install train-medusa  ## at T=0.7: AR, lossy and lossless Medusa,
 	$(PY) -m specbench.bench quality_summaries
 	$(PY) -m specbench.report $$(ls -d results/bench/quality_summaries/*/ | tail -1) --quality
 
-bench-engines: install engine-vllm train-draft  ## AR, PLD, SuffixDecoding, SpeDe in vLLM at batch sizes 1-16 (speedup over vLLM's AR at each)
+bench-engines: install engine-vllm train-draft  ## AR, PLD, SuffixDecoding, SpeDe in vLLM at batch sizes 1-16, then served at concurrency 1-16 (speedup over vLLM's AR at each)
 	$(PY) -m specbench.bench engines
+	$(PY) -m specbench.bench engines_served
 
 bench-crosscheck: install engine-vllm train-draft train-medusa train-eagle3  ## AR, PLD, SuffixDecoding, SpeDe, Medusa, EAGLE-3 in specbench's loop and in vLLM, HumanEval then MT-Bench; then the cross-check view
 	$(PY) -m specbench.bench crosscheck

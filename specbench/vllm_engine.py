@@ -68,9 +68,9 @@ def vllm_methods() -> list[str]:
 def has_counterpart(method: str) -> bool:
     """Whether the method config ``method`` has a ``vllm`` node or extends (``defaults``) a method config that has."""
     raw = OmegaConf.load(conf_dir() / "method" / f"{method}.yaml")
-    bases = [entry for entry in raw.get("defaults", []) if isinstance(entry, str)]  # "_self_", "/group@key: x" not
-    methods = [base for base in bases if (conf_dir() / "method" / f"{base}.yaml").is_file()]
-    return "vllm" in raw or any(has_counterpart(base) for base in methods)
+    named = [entry for entry in raw.get("defaults", []) if isinstance(entry, str)]  # other groups' entries: mappings
+    bases = [name for name in named if (conf_dir() / "method" / f"{name}.yaml").is_file()]  # not "_self_"
+    return "vllm" in raw or any(has_counterpart(base) for base in bases)
 
 
 def counterpart(method_cfg: DictConfig) -> DictConfig:

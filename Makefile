@@ -115,7 +115,7 @@ bench-engines: install engine-vllm train-draft  ## AR, PLD, SuffixDecoding, SpeD
 	$(PY) -m specbench.bench engines
 	$(PY) -m specbench.bench engines_served
 
-bench-crosscheck: install engine-vllm train-draft train-medusa train-eagle3  ## AR, PLD, SuffixDecoding, SpeDe, Medusa, EAGLE-3 in specbench's loop and in vLLM, HumanEval then MT-Bench; then the cross-check view
+bench-crosscheck: install engine-vllm train-draft train-medusa train-eagle train-eagle3  ## AR, PLD, SuffixDecoding, SpeDe, Medusa, EAGLE-2, EAGLE-3 in specbench's loop and in vLLM, HumanEval then MT-Bench; then the cross-check view
 	$(PY) -m specbench.bench crosscheck
 	$(PY) -m specbench.report $$(ls -d results/bench/crosscheck/*/ | tail -1) --merge-repeats --view crosscheck
 	$(PY) -m specbench.bench crosscheck --dataset mt_bench --limit 10

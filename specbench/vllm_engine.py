@@ -34,6 +34,7 @@ from specbench.errors import ConfigError, ModelUnavailable
 from specbench.models.dflash import vllm_checkpoint as dflash_checkpoint
 from specbench.models.draft import draft_location
 from specbench.models.eagle3_heads import vllm_checkpoint as eagle3_checkpoint
+from specbench.models.eagle_heads import vllm_checkpoint as eagle_checkpoint
 from specbench.models.loading import checkpoint_path
 from specbench.models.medusa_heads import vllm_checkpoint as medusa_checkpoint
 from specbench.paths import workspace
@@ -103,7 +104,8 @@ def speculative_config(method_cfg: DictConfig, model_cfg: DictConfig) -> tuple[d
 
     A ``model`` entry is a model node of the part kind the counterpart's ``part`` names (default ``draft``): a draft
     (SpeDe's, PARD's) becomes its folder or Hub id, found as the shared loop finds it; Medusa heads are written once
-    in the layout vLLM loads (``medusa_heads.vllm_checkpoint``), EAGLE-3 heads are in it already (random ones are
+    in the layout vLLM loads (``medusa_heads.vllm_checkpoint``), and so are EAGLE-1/2 heads (``fc``'s bias moved:
+    ``eagle_heads.vllm_checkpoint``); EAGLE-3 heads are in it already (random ones are
     written once: ``eagle3_heads.vllm_checkpoint``), and so are DFlash drafters (``dflash.vllm_checkpoint``).
     """
     node = counterpart(method_cfg).get("speculative_config")
@@ -119,6 +121,8 @@ def speculative_config(method_cfg: DictConfig, model_cfg: DictConfig) -> tuple[d
     if kind == "medusa":  # vLLM drafts one token per head: as many as the heads
         location, part = medusa_checkpoint(part_node, model_cfg.name, target, revision)
         spec.setdefault("num_speculative_tokens", json.loads((Path(location) / "config.json").read_text())["num_heads"])
+    elif kind == "eagle":
+        location, part = eagle_checkpoint(part_node, model_cfg.name, target, revision)
     elif kind in EAGLE3_KINDS:
         location, part = eagle3_checkpoint(part_node, model_cfg.name, target, revision, kind)
     elif kind == "dflash":

@@ -4,6 +4,7 @@ greedy equality with AR, exact sampling at T > 0 (chi-square, with negative cont
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import random
@@ -24,9 +25,12 @@ from specbench.errors import ConfigError, ModelUnavailable
 from specbench.models.eagle_heads import (
     EagleHead,
     config_for_target,
+    config_from_json,
+    head_from_state,
     load_head,
     random_head,
     save_head,
+    vllm_state,
 )
 from specbench.models.parts import part_kind
 from specbench.structures.tree_builders import ExpandRerankBuilder
@@ -102,6 +106,9 @@ TINY_EAGLE_CONFIG = {  # the published config.json keys (EAGLE-Vicuna-7B-v1.3's,
 }
 
 
+PROJECTION_SIZES = {"q_proj": 64, "k_proj": 32, "v_proj": 32, "o_proj": 64}  # TINY_EAGLE_CONFIG's attention outputs
+
+
 def write_checkpoint(folder, config: dict, state: dict) -> None:
     """config.json + pytorch_model.bin, as the yuhuili repos ship them."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -172,6 +179,26 @@ def test_published_layout_loads_and_matches_a_hand_written_forward(tiny, tmp_pat
     embeddings = state["embed_tokens.weight"].float() if embed else tiny.get_input_embeddings().weight
     expected = reference_head({k: v.float() for k, v in state.items()}, config, features, tokens, embeddings)
     torch.testing.assert_close(head_output(head, features, tokens), expected, atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize("layers,qkv_bias", [(1, False), (2, False), (1, True)])
+def test_fc_bias_moved_into_attention_computes_the_same_head(tiny, layers, qkv_bias):
+    """vLLM's EAGLE fc has no bias: the state ``vllm_state`` writes (b moved into the first layer's q, k, v and o
+    biases, zero biases elsewhere) loads strictly into a bias-free-fc head with attention biases, which computes
+    what the head with fc's bias computes."""
+    state = published_state({**TINY_EAGLE_CONFIG, "num_hidden_layers": layers}, seed=layers, dtype=torch.float32)
+    config, _ = config_from_json({**TINY_EAGLE_CONFIG, "num_hidden_layers": layers, "qkv_bias": qkv_bias})
+    if qkv_bias:  # published heads with q, k, v (and, in this layout, o) biases of their own
+        state |= {f"layers.0.self_attn.{name}.bias": torch.randn(size) for name, size in PROJECTION_SIZES.items()}
+    head = head_from_state(state, config, True, tiny, "with fc bias")
+    biased = copy.deepcopy(config)
+    biased.attention_bias = True
+    moved = head_from_state(vllm_state(head), biased, False, tiny, "moved")
+    dropped = head_from_state({k: v for k, v in state.items() if k != "fc.bias"}, config, False, tiny, "dropped")
+    features, tokens = torch.randn(6, 64), [5, 17, 3, 96, 40, 2]
+    expected = head_output(head, features, tokens)
+    torch.testing.assert_close(head_output(moved, features, tokens), expected)
+    assert not torch.allclose(head_output(dropped, features, tokens), expected, atol=1e-3)  # the bias matters here
 
 
 def test_published_checkpoint_problems_are_clear(tiny, tmp_path):

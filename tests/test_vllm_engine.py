@@ -162,6 +162,29 @@ def test_eagle3_heads_go_to_vllms_eagle3_as_a_chain_of_depth_plus_one(method, tr
     assert differences(cfg.method) == {"drafter.top_k": (10, 1)}
 
 
+def test_eagle_heads_go_to_vllms_eagle_with_fc_bias_moved_written_once(training_cache):
+    """EAGLE-2's head runs vLLM's eagle as a chain of depth + 1 drafts, written once in vLLM's layout: no bias on fc
+    (moved into the first layer's attention biases, which config.json turns on), and no key vLLM reads as one."""
+    overrides = ("engine=vllm", "method=eagle2", "method.drafter.depth=3", "model=smollm2_135m")
+    with pytest.raises(ModelUnavailable, match="python -m specbench.train eagle model=smollm2_135m"):
+        engine_args(compose_config(*overrides), 2048)  # the trained head: not in this empty cache
+    cfg = compose_config(*overrides, "model.eagle.source=random")
+    args, parts = engine_args(cfg, 2048)
+    folder = Path(args["speculative_config"]["model"])
+    assert args["speculative_config"] == {"method": "eagle", "model": str(folder), "num_speculative_tokens": 4}
+    assert parts == ["eagle:random(seed=0)"] and differences(cfg.method) == {"drafter.top_k": (10, 1)}
+    config = json.loads((folder / "config.json").read_text())
+    assert config["attention_bias"] is True and "bias" not in config  # vLLM reads `bias` as attention biases too
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), "pt") as weights:
+        keys = set(weights.keys())
+    assert "fc.bias" not in keys and {f"layers.0.self_attn.{n}_proj.bias" for n in "qkvo"} <= keys
+    written = (folder / "model.safetensors").stat().st_mtime_ns
+    assert engine_args(cfg, 2048)[0]["speculative_config"]["model"] == str(folder)
+    assert (folder / "model.safetensors").stat().st_mtime_ns == written  # written once
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -171,7 +194,7 @@ def test_eagle3_heads_go_to_vllms_eagle3_as_a_chain_of_depth_plus_one(method, tr
         (["engine=vllm", "method=pld", "budget=auto"], "budget=auto calibrates on the shared loop"),
         (
             ["engine=vllm", "method=lade"],
-            "has no vLLM counterpart; engine=vllm runs the methods ['ar', 'dflash', 'eagle3', 'eagle3_1', 'medusa'",
+            "has no vLLM counterpart; engine=vllm runs the methods ['ar', 'dflash', 'eagle2', 'eagle3', 'eagle3_1'",
         ),
         (["engine=vllm", "model=tiny_llama"], "the tiny random model exists only in memory"),
         (["concurrency=4"], "concurrency=4: the number of requests kept in flight against vLLM's server"),

@@ -3,7 +3,8 @@ method vLLM runs, on the embedded model in float32, 4 HumanEval prompts x 32 tok
 to the shared loop's AR token for token, records that add up, and the steps of PLD, Medusa (random heads, written in
 vLLM's layout), PARD (the target as its own parallel draft, one of its ids as the mask token), EAGLE-3 (a head
 that exits early from the target's layer L - 3) and DFlash (a random drafter, written once for vLLM) equal to the
-shared loop's."""
+shared loop's. EAGLE-2's random head (written once, fc's bias moved) checks that vLLM loads it and stays exact; it
+accepts almost nothing, so its steps are not compared (tests/test_eagle.py checks the move computes the same head)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ METHODS = {  # each method as vLLM runs it (its `same_when`), so the shared loop
     "spede": ("method.drafter.schedule=constant", "model.draft.source=target"),
     "medusa": ("method.drafter.tree.kind=chain", "model.medusa.source=random", "+model.medusa.num_heads=3"),
     "pard": ("method.drafter.num_draft_tokens=3",),  # and model.pard.path: the folder pard_draft writes
+    "eagle2": ("method.drafter.top_k=1", "method.drafter.depth=2", "model.eagle.source=random"),  # fc's bias moved
     "eagle3": ("method.drafter.top_k=1", "method.drafter.depth=2", "model.eagle3.source=hub"),  # + the exit head
     "dflash": ("method.drafter.block_size=4", "model.dflash.source=random"),  # written once for vLLM
 }

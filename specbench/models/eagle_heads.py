@@ -33,8 +33,8 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from specbench.errors import ConfigError
-from specbench.manifest import TRAINING_FILE, part_name, save_trained_heads
-from specbench.models.medusa_heads import CheckpointFiles, cached_then_hub, head_source, read_tensors
+from specbench.manifest import TRAINING_FILE, part_name, save_trained_heads, write_checkpoint
+from specbench.models.medusa_heads import CheckpointFiles, cached_then_hub, head_source, part_files, read_tensors
 from specbench.models.parts import part_kind
 
 if TYPE_CHECKING:
@@ -327,3 +327,35 @@ def save_head(head: EagleHead, folder: Path, base_model: str, training: dict) ->
     atomically (``training`` holds ``digest``, ``data``, ``result`` and ``accuracy``)."""
     config = config_json(head, base_model)
     save_trained_heads(folder, "EAGLE head", WEIGHT_FILES[0], head.checkpoint_state(), CONFIG_FILE, config, training)
+
+
+def vllm_checkpoint(node, target_name: str, target_path: str, revision: str | None) -> tuple[str, str]:
+    """The head an ``eagle:`` node names, written once (under ``$SPECBENCH_CACHE/vllm/eagle/``) in the layout vLLM's
+    ``eagle`` speculation loads, and how runs name it: vLLM's ``fc`` has no bias, so ``vllm_state`` moves it."""
+
+    def write(target: PreTrainedModel, folder: Path) -> None:
+        head = load_head(node, target, target_name).head
+        config = {key: value for key, value in config_json(head, target_path).items() if key != "bias"}
+        config["attention_bias"] = head.fc_bias or bool(head.config.attention_bias)  # vLLM: q, k, v and o biases
+        write_checkpoint(folder, WEIGHT_FILES[0], vllm_state(head), CONFIG_FILE, config)
+
+    return part_files(node, "eagle", target_name, target_path, revision, write, converted=True)
+
+
+def vllm_state(head: EagleHead) -> dict[str, torch.Tensor]:
+    """The head's tensors with ``fc``'s bias b moved into the first layer's attention, for an engine whose ``fc`` has
+    none: that layer reads fc(x) + b with no input norm, so its q, k, v projections gain W b (softmax weights sum to
+    one, so v's shift passes through attention unchanged) and o gains b, the residual's share; every layer then has
+    all four attention biases (zero where the head had none). The same function of the input, up to rounding."""
+    state = {key: value.detach().clone() for key, value in head.checkpoint_state().items()}
+    shift = state.pop("fc.bias", None)  # [H] or None
+    for index, layer in enumerate(head.layers):
+        attention = layer.self_attn
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            projection = getattr(attention, name)
+            key = f"layers.{index}.self_attn.{name}.bias"
+            bias = state.get(key, projection.weight.new_zeros(projection.out_features))
+            if index == 0 and shift is not None:
+                bias = bias + (shift if name == "o_proj" else projection.weight.detach() @ shift)
+            state[key] = bias
+    return state

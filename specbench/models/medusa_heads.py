@@ -39,8 +39,8 @@ from specbench.paths import cache_root
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-    RandomWriter = Callable[[PreTrainedModel, Path], None]
-    """Writes a random part, drawn for the target given, into the folder given."""
+    PartWriter = Callable[[PreTrainedModel, Path], None]
+    """Writes a part, loaded or drawn for the target given, into the folder given."""
 
 SOURCES = ("hub", "trained", "random")
 WEIGHT_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
@@ -327,27 +327,41 @@ def head_source(node, key: str, target_name: str) -> str:
 
 
 def part_files(
-    node, kind: str, target_name: str, target_path: str, revision: str | None, write_random: RandomWriter
+    node,
+    kind: str,
+    target_name: str,
+    target_path: str,
+    revision: str | None,
+    write_part: PartWriter,
+    converted: bool = False,
 ) -> tuple[str, str]:
     """Where an engine that loads parts from files (vLLM) finds the part a ``kind:`` model node names, and how runs
     name it (as the shared loop's loader does): a published part's Hub id or folder, a trained part's cache folder;
-    a random part is written once under ``$SPECBENCH_CACHE/vllm/<kind>/`` by ``write_random(target, folder)``, drawn
-    from the node as the loop draws it."""
+    a random part, or with ``converted`` (the engine reads another layout) any part, is written once under
+    ``$SPECBENCH_CACHE/vllm/<kind>/`` by ``write_part(target, folder)``, which loads it from the node as the loop
+    does."""
     source = head_source(node, kind, target_name)
     if source == "hub":
-        return str(node["path"]), f"{kind}:{node['path']}"
-    if source == "trained":
+        part = f"{kind}:{node['path']}"
+        if not converted:
+            return str(node["path"]), part
+    elif source == "trained":
         folder, manifest = part_kind(kind).built(target_name)
-        return str(folder), part_name(kind, folder, manifest)
+        part = part_name(kind, folder, manifest)
+        if not converted:
+            return str(folder), part
+    else:
+        part = f"{kind}:random(seed={int(node.get('seed', 0))})"
     settings = {str(key): node.get(key) for key in node}  # the random part's seed and shape
-    folder = cache_root() / "vllm" / kind / digest({"node": settings, "target": target_path, "revision": revision})
+    key = {"node": settings} if source == "random" else {"part": part}
+    folder = cache_root() / "vllm" / kind / digest({**key, "target": target_path, "revision": revision})
     if not folder.is_dir():  # written atomically: a folder that exists is complete
         from transformers import AutoModelForCausalLM
 
         target = AutoModelForCausalLM.from_pretrained(target_path, revision=revision, dtype=torch.float32)
         with atomic_dir(folder) as staging:
-            write_random(target, staging)
-    return str(folder), f"{kind}:random(seed={int(node.get('seed', 0))})"
+            write_part(target, staging)
+    return str(folder), part
 
 
 def load_heads(node, target: PreTrainedModel, target_name: str) -> LoadedHeads:

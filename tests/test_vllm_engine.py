@@ -229,6 +229,20 @@ def test_engine_settings_leave_the_digests_of_specbench_engines_alone():
     assert digest("engine=vllm", "engine.python=/elsewhere/python") == digest("engine=vllm")
 
 
+def test_a_model_spread_over_gpus_composes_into_vllms_arguments():
+    """Tensor and pipeline parallelism (models larger than one GPU) are vLLM's own arguments: set on the command line,
+    they reach vllm.LLM as they are, beside the speculation, and make a run of their own."""
+    layout = ("engine.engine_args.tensor_parallel_size=4", "engine.engine_args.pipeline_parallel_size=2")
+    cfg = compose_config("engine=vllm", "method=spede", "model.draft.source=target", *layout)
+    args, _ = engine_args(cfg, 2048)
+    assert (args["tensor_parallel_size"], args["pipeline_parallel_size"]) == (4, 2)
+    assert args["speculative_config"]["method"] == "draft_model"
+    one_gpu = compose_config("engine=vllm", "method=spede", "model.draft.source=target")
+    assert config_digest(cfg, torch.device("cuda"), torch.float16) != config_digest(
+        one_gpu, torch.device("cuda"), torch.float16
+    )
+
+
 def test_vllm_runs_get_their_own_folders():
     assert compose_config("method=pld").output_dir.endswith("/pld-T0.0-n128")
     assert compose_config("method=pld", "engine=vllm", "batch_size=8").output_dir.endswith("/pld-T0.0-n128-vllm-b8")

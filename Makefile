@@ -115,11 +115,17 @@ bench-engines: install engine-vllm train-draft  ## AR, PLD, SuffixDecoding, SpeD
 	$(PY) -m specbench.bench engines
 	$(PY) -m specbench.bench engines_served
 
+CROSSCHECK_SIX = "ar hf" "ar vllm" "pld hf" "pld vllm" "suffix hf" "suffix vllm" "spede hf" "spede vllm" \
+	"medusa hf" "medusa vllm" "eagle3 hf" "eagle3 vllm"
+
 bench-crosscheck: install engine-vllm train-draft train-medusa train-eagle train-eagle3  ## AR, PLD, SuffixDecoding, SpeDe, Medusa, EAGLE-2, EAGLE-3 in specbench's loop and in vLLM, HumanEval then MT-Bench; then the cross-check view
-	$(PY) -m specbench.bench crosscheck
-	$(PY) -m specbench.report $$(ls -d results/bench/crosscheck/*/ | tail -1) --merge-repeats --view crosscheck
-	$(PY) -m specbench.bench crosscheck --dataset mt_bench --limit 10
-	$(PY) -m specbench.report $$(ls -d results/bench/crosscheck/*/ | tail -1) --merge-repeats --view crosscheck
+	for dataset in humaneval mt_bench; do \
+		limit=$$([ $$dataset = mt_bench ] && echo 10 || echo 20); \
+		$(PY) -m specbench.bench crosscheck --dataset $$dataset --limit $$limit --entries $(CROSSCHECK_SIX) && \
+		$(PY) -m specbench.report $$(ls -d results/bench/crosscheck/*/ | tail -1) --merge-repeats --view crosscheck && \
+		$(PY) -m specbench.bench crosscheck --dataset $$dataset --limit $$limit --entries "ar hf" "ar vllm" "eagle2 hf" "eagle2 vllm" && \
+		$(PY) -m specbench.report $$(ls -d results/bench/crosscheck/*/ | tail -1) --merge-repeats --view crosscheck || exit 1; \
+	done
 
 bench-figures:  ## acceptance.png (acceptance by draft depth) in every stored bench session that drafted
 	for session in results/bench/*/*/; do \

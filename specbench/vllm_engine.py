@@ -379,6 +379,10 @@ class VLLMEngine:
         Path(self.log.name).unlink(missing_ok=True)
 
 
+KV_SHORTAGE = "on kv cache allocation is less than requested memory"
+"""vLLM's words when the memory left cannot hold the KV cache it was asked for."""
+
+
 def start_vllm(cfg: DictConfig, sampling: Sampling, eos_ids: frozenset[int], context_length: int) -> VLLMEngine:
     """Start vLLM for a run config, with a line on stderr (loading takes tens of seconds)."""
     args, parts = engine_args(cfg, context_length)
@@ -390,5 +394,14 @@ def start_vllm(cfg: DictConfig, sampling: Sampling, eos_ids: frozenset[int], con
         engine = VLLMEngine(vllm_python(cfg.engine), args, sampling, eos_ids, parts, server, learns)
     except FileNotFoundError as error:
         raise ModelUnavailable(f"cannot start vLLM: {error}; {SETUP_HINT}") from None
+    except RuntimeError as error:
+        if KV_SHORTAGE not in str(error):
+            raise
+        raise ConfigError(
+            f"vLLM could not reserve its KV cache (engine.kv_cache_gib={cfg.engine.get('kv_cache_gib')}): the memory "
+            "left is taken, on CPU often by other vLLM engines (a bench session keeps one up per vLLM entry, about "
+            "3 GB each for a small model); run fewer vLLM entries at once (python -m specbench.bench SUITE --entries "
+            f"...) or lower engine.kv_cache_gib. vLLM said:\n{str(error)[-1500:]}"
+        ) from None
     print(f"[specbench] vLLM {engine.versions['vllm']} ready in {time.perf_counter() - began:.0f} s", file=sys.stderr)
     return engine

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from specbench.config import compose_config
+from specbench.core.acceptance import Sampling
 from specbench.errors import ConfigError, ModelUnavailable
 from specbench.metrics import aggregate, machine_seconds
 from specbench.runner import config_digest, validate
@@ -206,6 +207,28 @@ def test_settings_engine_vllm_cannot_run_are_refused_before_anything_loads(overr
         cfg = compose_config(*overrides)
         validate(cfg)
         engine_args(cfg, 512)
+
+
+def test_a_kv_cache_that_does_not_fit_says_to_run_fewer_engines(monkeypatch):
+    """vLLM's KV-cache shortage (seven CPU engines of a bench session outgrew 24 GB) becomes a setting to change;
+    any other failure of vLLM stays as vLLM raised it."""
+    from specbench import vllm_engine
+
+    def failing(message):
+        def start(*args, **kwargs):
+            raise RuntimeError(message)
+
+        return start
+
+    cfg = compose_config("engine=vllm", "method=pld", "model=smollm2_135m")
+    shortage = "Available memory on node 0 (0.42/23.54 GiB) on kv cache allocation is less than requested memory for kv"
+    monkeypatch.setattr(vllm_engine, "VLLMEngine", failing(f"vLLM failed: Worker failed with error '{shortage}'"))
+    with pytest.raises(ConfigError, match=r"engine.kv_cache_gib=1\): .*run fewer vLLM entries at once") as caught:
+        vllm_engine.start_vllm(cfg, Sampling(0.0, 1.0), frozenset(), 2048)
+    assert shortage in str(caught.value)
+    monkeypatch.setattr(vllm_engine, "VLLMEngine", failing("vLLM failed: something else"))
+    with pytest.raises(RuntimeError, match="something else"):
+        vllm_engine.start_vllm(cfg, Sampling(0.0, 1.0), frozenset(), 2048)
 
 
 def test_a_missing_vllm_environment_says_how_to_build_it(tmp_path, monkeypatch):

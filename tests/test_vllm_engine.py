@@ -252,6 +252,23 @@ def test_engine_settings_leave_the_digests_of_specbench_engines_alone():
     assert digest("engine=vllm", "engine.python=/elsewhere/python") == digest("engine=vllm")
 
 
+def test_a_converted_local_part_follows_its_folder(tmp_path):
+    """A published part in a local folder is converted again once its files change (a Hub id or a trained part is
+    named by its id or weights digest instead)."""
+    import os
+
+    from omegaconf import OmegaConf
+
+    from specbench.models.medusa_heads import local_stamp
+
+    (tmp_path / "model.safetensors").write_bytes(b"1")
+    node = OmegaConf.create({"source": "hub", "path": str(tmp_path)})
+    before = local_stamp(node, "hub")
+    os.utime(tmp_path / "model.safetensors", ns=(before + 10**9, before + 10**9))
+    assert local_stamp(node, "hub") == before + 10**9
+    assert local_stamp(OmegaConf.create({"source": "hub", "path": "org/some-head"}), "hub") is None
+
+
 def test_a_model_spread_over_gpus_composes_into_vllms_arguments():
     """Tensor and pipeline parallelism (models larger than one GPU) are vLLM's own arguments: set on the command line,
     they reach vllm.LLM as they are, beside the speculation, and make a run of their own."""

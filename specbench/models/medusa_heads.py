@@ -353,7 +353,7 @@ def part_files(
     else:
         part = f"{kind}:random(seed={int(node.get('seed', 0))})"
     settings = {str(key): node.get(key) for key in node}  # the random part's seed and shape
-    key = {"node": settings} if source == "random" else {"part": part}
+    key = {"node": settings} if source == "random" else {"part": part, "written": local_stamp(node, source)}
     folder = cache_root() / "vllm" / kind / digest({**key, "target": target_path, "revision": revision})
     if not folder.is_dir():  # written atomically: a folder that exists is complete
         from transformers import AutoModelForCausalLM
@@ -362,6 +362,15 @@ def part_files(
         with atomic_dir(folder) as staging:
             write_part(target, staging)
     return str(folder), part
+
+
+def local_stamp(node, source: str) -> int | None:
+    """When a published part in a local folder was last written (its files' latest mtime, ns), so that a converted
+    copy follows the folder's contents; None for Hub ids and trained parts (named by id or weights digest)."""
+    folder = Path(str(node["path"])) if source == "hub" else None
+    if folder is None or not folder.is_dir():
+        return None
+    return max((file.stat().st_mtime_ns for file in folder.iterdir() if file.is_file()), default=0)
 
 
 def load_heads(node, target: PreTrainedModel, target_name: str) -> LoadedHeads:

@@ -347,7 +347,7 @@ def vllm_state(head: EagleHead) -> dict[str, torch.Tensor]:
     none: that layer reads fc(x) + b with no input norm, so its q, k, v projections gain W b (softmax weights sum to
     one, so v's shift passes through attention unchanged) and o gains b, the residual's share; every layer then has
     all four attention biases (zero where the head had none). The same function of the input, up to rounding."""
-    state = {key: value.detach().clone() for key, value in head.checkpoint_state().items()}
+    state = head.checkpoint_state()  # a fresh dict of detached tensors: popping and rebinding leave the head alone
     shift = state.pop("fc.bias", None)  # [H] or None
     for index, layer in enumerate(head.layers):
         attention = layer.self_attn

@@ -352,8 +352,11 @@ def part_files(
             return str(folder), part
     else:
         part = f"{kind}:random(seed={int(node.get('seed', 0))})"
-    settings = {str(key): node.get(key) for key in node}  # the random part's seed and shape
-    key = {"node": settings} if source == "random" else {"part": part, "written": local_stamp(node, source)}
+    key: dict[str, object]
+    if source == "random":  # named by its seed and shape
+        key = {"node": {str(name): node.get(name) for name in node}}
+    else:
+        key = {"part": part, "written": local_stamp(node, source)}
     folder = cache_root() / "vllm" / kind / digest({**key, "target": target_path, "revision": revision})
     if not folder.is_dir():  # written atomically: a folder that exists is complete
         from transformers import AutoModelForCausalLM
